@@ -1,0 +1,105 @@
+"""Loading local Hugging Face checkpoints (config + safetensors + tokenizer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from engine.model import SUPPORTED_ARCHS
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable or unsupported."""
+
+
+class VocabMismatchError(CheckpointError):
+    pass
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return DTYPES[dtype]
+
+
+def read_config(path: str) -> dict:
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{path}: no config.json (expected a local Hugging Face checkpoint folder)")
+    config = json.loads(config_file.read_text())
+    archs = config.get("architectures") or []
+    if not any(arch in SUPPORTED_ARCHS for arch in archs):
+        raise CheckpointError(f"{path}: architecture {archs} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+    return config
+
+
+def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
+    """Load weights on `device` (host by default: the offload planner moves what is resident)."""
+    read_config(path)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot load weights: {exc}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase | None:
+    folder = Path(path)
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        return None
+    return AutoTokenizer.from_pretrained(path)
+
+
+def check_vocab(
+    target_path: str,
+    target_tok: PreTrainedTokenizerBase | None,
+    draft_path: str,
+    draft_tok: PreTrainedTokenizerBase | None,
+) -> None:
+    """The draft must give every shared token id the same token as the target (padding allowed)."""
+    if target_tok is None or draft_tok is None:
+        missing = target_path if target_tok is None else draft_path
+        raise VocabMismatchError(
+            f"cannot check that draft {draft_path!r} and target {target_path!r} share a vocabulary: "
+            f"{missing!r} has no tokenizer files"
+        )
+    target_vocab = {i: t for t, i in target_tok.get_vocab().items()}
+    draft_vocab = {i: t for t, i in draft_tok.get_vocab().items()}
+    shared = min(len(target_vocab), len(draft_vocab))
+    for token_id in range(shared):
+        if target_vocab.get(token_id) != draft_vocab.get(token_id):
+            raise VocabMismatchError(
+                f"draft {draft_path!r} and target {target_path!r} have incompatible vocabularies: "
+                f"token id {token_id} is {draft_vocab.get(token_id)!r} in the draft but "
+                f"{target_vocab.get(token_id)!r} in the target"
+            )
+
+
+def eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase | None) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (model.config, getattr(model, "generation_config", None)):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)

@@ -1,0 +1,133 @@
+"""Engine configuration: frozen dataclasses validated on construction.
+
+Every field maps 1:1 to a CLI flag (`--field-name`) and to a key of a configs/ TOML file
+(section = dataclass: [model], [speculation], [offload], [limits], [server]).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+Method = Literal["specexec", "specinfer", "autoregressive"]
+OffloadSource = Literal["ram", "disk"]
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; `field` names it (dotted, e.g. `speculation.budget`)."""
+
+    def __init__(self, field_name: str, message: str, source: str | None = None):
+        self.field = field_name
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{field_name}: {message}")
+
+
+def _require(cond: bool, field_name: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(field_name, message)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    target: str = ""
+    draft: str = ""
+    dtype: str = "auto"  # auto: float32 on CPU, float16 on CUDA
+    device: str = "auto"  # auto: cuda if available else cpu
+    name: str = ""  # model id served over HTTP; default: target folder name
+
+    def __post_init__(self) -> None:
+        _require(
+            self.dtype in ("auto", "float32", "float16", "bfloat16"),
+            "model.dtype",
+            f"must be auto, float32, float16 or bfloat16, got {self.dtype!r}",
+        )
+        _require(
+            self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+            "model.device",
+            f"must be auto, cpu or cuda[:N], got {self.device!r}",
+        )
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    method: Method = "specexec"
+    budget: int | Literal["auto"] = 64  # draft tokens per tree (root excluded)
+    max_expand: int = 128  # K: leaves expanded per draft forward
+    max_children: int = 32  # w: children proposed per expanded node
+    max_depth: int = 32  # depth cap == draft forward cap per step
+    decay: float = 1.0  # score += log(decay) per level (reference implementation: 0.95)
+
+    def __post_init__(self) -> None:
+        _require(
+            self.method in ("specexec", "specinfer", "autoregressive"),
+            "speculation.method",
+            f"must be specexec, specinfer or autoregressive, got {self.method!r}",
+        )
+        _require(
+            self.budget == "auto" or (isinstance(self.budget, int) and self.budget >= 1),
+            "speculation.budget",
+            f"must be an integer >= 1 or 'auto', got {self.budget!r}",
+        )
+        for name in ("max_expand", "max_children", "max_depth"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, f"speculation.{name}", f"must be >= 1, got {value!r}")
+        _require(0.0 < self.decay <= 1.0, "speculation.decay", f"must be in (0, 1], got {self.decay!r}")
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    enabled: bool = False
+    source: OffloadSource = "ram"
+    resident_layers: int | None = None  # None: as many as gpu_memory allows (0 without a budget)
+    gpu_memory: float | None = None  # GB of device memory for the target's layers
+    ring_size: int = 2  # device buffers in the streaming ring
+    evict_page_cache: bool = True  # disk source: drop pages after each read (emulates model > RAM)
+
+    def __post_init__(self) -> None:
+        _require(self.source in ("ram", "disk"), "offload.source", f"must be ram or disk, got {self.source!r}")
+        _require(
+            self.resident_layers is None or self.resident_layers >= 0,
+            "offload.resident_layers",
+            f"must be >= 0, got {self.resident_layers!r}",
+        )
+        _require(self.gpu_memory is None or self.gpu_memory > 0, "offload.gpu_memory", "must be > 0")
+        _require(self.ring_size >= 2, "offload.ring_size", f"must be >= 2, got {self.ring_size!r}")
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_context: int | None = None  # None: the target's max_position_embeddings, capped at 8192
+    max_queue: int = 16  # waiting requests beyond the running one; more get 429
+    default_max_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        _require(self.max_context is None or self.max_context >= 2, "limits.max_context", "must be >= 2")
+        _require(self.max_queue >= 0, "limits.max_queue", f"must be >= 0, got {self.max_queue!r}")
+        _require(self.default_max_tokens >= 1, "limits.default_max_tokens", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+
+    def replace(self, section: str, **changes: object) -> EngineConfig:
+        return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
+
+
+def build_section(cls: type, values: dict, section: str, source: str | None = None):
+    """Construct dataclass `cls` from a dict, with errors naming the file and the field."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in names:
+            raise ConfigError(f"{section}.{key}", f"unknown field (known: {', '.join(sorted(names))})", source)
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, str(exc).split(": ", 1)[-1], source) from None
+    except TypeError as exc:
+        raise ConfigError(section, str(exc), source) from None

@@ -1,0 +1,225 @@
+"""Draft tree growth: SpecExec best-first search, and SpecInfer's sampled tree (baseline).
+
+The draft KV cache holds the committed prefix plus one slot per node the draft expanded.
+Unexpanded nodes (and committed tokens the draft never saw) are caught up by the next step's
+first draft forward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import SpeculationConfig
+from engine.kv_cache import KVCache
+from engine.model import DecoderRunner
+from engine.sampling import apply_logit_bias, process_logits
+from engine.tree import Tree, append_nodes, causal_mask
+from engine.types import SamplingParams
+
+
+@dataclass
+class GrowLimits:
+    budget: int  # draft tokens in the tree (root excluded)
+    max_depth: int  # deepest node depth, and cap on draft forwards
+    stop_mask: torch.Tensor  # [draft vocab] bool: EOS / stop token ids, never expanded
+
+
+class Drafter:
+    """The draft model with its cache, restricted to the target's vocabulary."""
+
+    def __init__(self, runner: DecoderRunner, cache: KVCache, target_vocab_size: int):
+        self.runner = runner
+        self.cache = cache
+        self.vocab_limit = min(target_vocab_size, runner.vocab_size)
+        self.next_slot = 0
+
+    def catch_up(self, pending_ids: list[int], root_id: int) -> torch.Tensor:
+        """Feed committed tokens the draft has not seen, then the root. Commits the pending ones.
+
+        Returns the root's draft logits [1, vocab]; the root's KV lands at slot cache.length."""
+        device = self.cache.device
+        ids = torch.tensor([*pending_ids, root_id], device=device)
+        start = self.cache.length
+        positions = torch.arange(start, start + ids.shape[0], device=device)
+        mask = causal_mask(ids.shape[0], start, device)
+        last = torch.tensor([ids.shape[0] - 1], device=device)
+        logits = self.runner.forward(ids, positions, self.cache, start, mask, logit_rows=last)
+        self.cache.length = start + len(pending_ids)
+        self.next_slot = self.cache.length + 1
+        return self.mask_vocab(logits)
+
+    def expand(self, tree: Tree, selected: torch.Tensor) -> torch.Tensor:
+        """One batched forward of `selected` nodes ([k]) under the tree mask. Returns [k, vocab]."""
+        num = selected.shape[0]
+        start = self.next_slot
+        tree.draft_slots[selected] = torch.arange(start, start + num, device=selected.device)
+        allowed = torch.zeros(num, start + num, dtype=torch.bool, device=selected.device)
+        allowed[:, : self.cache.length] = True
+        has_slot = tree.draft_slots >= 0
+        allowed[:, tree.draft_slots[has_slot]] = tree.ancestors[selected][:, has_slot]
+        positions = self.cache.length + tree.depths[selected]
+        logits = self.runner.forward(tree.token_ids[selected], positions, self.cache, start, allowed)
+        self.next_slot = start + num
+        return self.mask_vocab(logits)
+
+    def room(self) -> int:
+        return self.cache.capacity - self.next_slot
+
+    def mask_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        if logits.shape[1] > self.vocab_limit:
+            logits[:, self.vocab_limit :] = float("-inf")
+        return logits
+
+    def commit(self, tree: Tree, path: torch.Tensor) -> None:
+        """Keep the accepted path's draft KV (the expanded nodes form a prefix of the path)."""
+        slots = tree.draft_slots[path]
+        self.cache.commit(slots[slots >= 0])
+
+
+def draft_log_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The draft's scoring distribution: temperature-scaled (when sampling) and biased like the target."""
+    logits = apply_logit_bias(logits, params.logit_bias)
+    if not params.greedy:
+        logits = logits / params.temperature
+    return logits.log_softmax(dim=-1)
+
+
+def root_tree(root_id: int, root_slot: int, device: torch.device) -> Tree:
+    tree = Tree.single(root_id, device)
+    tree.draft_slots[0] = root_slot
+    return tree
+
+
+def grow_tree(
+    drafter: Drafter,
+    root_id: int,
+    pending_ids: list[int],
+    params: SamplingParams,
+    spec: SpeculationConfig,
+    limits: GrowLimits,
+) -> Tree:
+    """SpecExec: best-first expansion of the K best unexpanded leaves per draft forward, each
+    proposing its top-w children; keep the `budget` best nodes by cumulative draft log-prob."""
+    log_probs = draft_log_probs(drafter.catch_up(pending_ids, root_id), params)
+    tree = root_tree(root_id, drafter.cache.length, log_probs.device)
+    expanded = torch.ones(1, dtype=torch.bool, device=log_probs.device)
+    selected = torch.zeros(1, dtype=torch.long, device=log_probs.device)
+    for forward_idx in range(limits.max_depth):
+        tree, expanded = add_best_children(tree, expanded, selected, log_probs, spec, limits.budget)
+        if forward_idx == limits.max_depth - 1:
+            break
+        selected = select_leaves(tree, expanded, spec.max_expand, limits, drafter.room())
+        if selected.numel() == 0:
+            break
+        expanded[selected] = True
+        log_probs = draft_log_probs(drafter.expand(tree, selected), params)
+    return tree
+
+
+def select_leaves(
+    tree: Tree, expanded: torch.Tensor, max_expand: int, limits: GrowLimits, room: int
+) -> torch.Tensor:
+    """The best unexpanded nodes whose children could still enter the top `budget` (tree is
+    sorted by score, so index order is score order)."""
+    candidates = ~expanded & ~limits.stop_mask[tree.token_ids] & (tree.depths < limits.max_depth)
+    if tree.num_nodes == limits.budget + 1:
+        candidates &= tree.scores > tree.scores[-1]  # a child scores <= its parent; ties go to old nodes
+    return candidates.nonzero().squeeze(1)[: min(max_expand, room)]
+
+
+def add_best_children(
+    tree: Tree,
+    expanded: torch.Tensor,
+    selected: torch.Tensor,
+    log_probs: torch.Tensor,
+    spec: SpeculationConfig,
+    budget: int,
+) -> tuple[Tree, torch.Tensor]:
+    """Propose top-w children of each selected node; keep the best budget + 1 nodes (root included)."""
+    num_children = min(spec.max_children, log_probs.shape[1])
+    child_lp, child_ids = log_probs.topk(num_children, dim=-1)  # [k, w]
+    child_scores = tree.scores[selected, None] + child_lp + math.log(spec.decay)  # [k, w]
+    flat_scores, flat_idx = child_scores.flatten().topk(min(child_scores.numel(), budget))
+    finite = flat_scores > float("-inf")
+    flat_scores, flat_idx = flat_scores[finite], flat_idx[finite]
+    child_parents = selected[flat_idx // num_children]
+    child_ids = child_ids.flatten()[flat_idx]
+
+    scores = torch.cat([tree.scores, flat_scores])
+    # Stable sort: a parent (lower index, score >= child's) always precedes its children, so
+    # every prefix of `order` is closed under ancestors.
+    order = torch.sort(scores, descending=True, stable=True).indices[: budget + 1]
+    ancestors = append_nodes(tree.ancestors, child_parents)[order][:, order]
+    new_index = torch.full_like(scores, -1, dtype=torch.long)
+    new_index[order] = torch.arange(order.shape[0], device=order.device)
+    all_parents = torch.cat([tree.parents, child_parents])[order]
+    parents = torch.where(all_parents >= 0, new_index[all_parents.clamp(min=0)], all_parents)
+    num_new = child_ids.shape[0]
+    new_tree = Tree(
+        token_ids=torch.cat([tree.token_ids, child_ids])[order],
+        parents=parents,
+        depths=torch.cat([tree.depths, tree.depths[child_parents] + 1])[order],
+        scores=scores[order],
+        ancestors=ancestors,
+        draft_slots=torch.cat([tree.draft_slots, tree.draft_slots.new_full((num_new,), -1)])[order],
+    )
+    return new_tree, torch.cat([expanded, expanded.new_zeros(num_new)])[order]
+
+
+def grow_sampled_tree(
+    drafter: Drafter,
+    root_id: int,
+    pending_ids: list[int],
+    params: SamplingParams,
+    limits: GrowLimits,
+    generator: torch.Generator,
+) -> Tree:
+    """SpecInfer baseline: `num_chains` children of the root drawn i.i.d. from the draft's processed
+    distribution (top ones when greedy), each continued as a sampled chain; about sqrt(budget)
+    chains of about sqrt(budget) tokens, capped at max_depth."""
+    depth = max(1, min(limits.max_depth, round(math.sqrt(limits.budget))))
+    num_chains = max(1, limits.budget // depth)
+    draft_params = SamplingParams(
+        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
+        logit_bias=params.logit_bias,
+    )
+    probs = process_logits(drafter.catch_up(pending_ids, root_id), draft_params).softmax(dim=-1)
+    tree = root_tree(root_id, drafter.cache.length, probs.device)
+    tree.draft_probs = probs
+    frontier = torch.zeros(1, dtype=torch.long, device=probs.device)
+    for level in range(depth):
+        draws = num_chains if level == 0 else 1
+        if params.greedy:
+            child_ids = probs.topk(draws, dim=-1).indices  # [f, draws] distinct, as greedy needs
+        else:
+            child_ids = torch.multinomial(probs, draws, replacement=True, generator=generator)
+        child_parents = frontier.repeat_interleave(draws)
+        first_new = tree.num_nodes
+        tree = append_children(tree, child_parents, child_ids.flatten(), probs.shape[1])
+        frontier = torch.arange(first_new, tree.num_nodes, device=probs.device)
+        frontier = frontier[~limits.stop_mask[tree.token_ids[frontier]]]
+        if level == depth - 1 or frontier.numel() == 0 or drafter.room() < frontier.numel():
+            break
+        logits = drafter.expand(tree, frontier)
+        probs = process_logits(logits, draft_params).softmax(dim=-1)
+        tree.draft_probs[frontier] = probs
+    return tree
+
+
+def append_children(tree: Tree, parents: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> Tree:
+    num_new = parents.shape[0]
+    draft_probs = tree.draft_probs
+    if draft_probs is not None:
+        draft_probs = torch.cat([draft_probs, draft_probs.new_zeros(num_new, vocab_size)])
+    return Tree(
+        token_ids=torch.cat([tree.token_ids, token_ids]),
+        parents=torch.cat([tree.parents, parents]),
+        depths=torch.cat([tree.depths, tree.depths[parents] + 1]),
+        scores=torch.cat([tree.scores, tree.scores.new_zeros(num_new)]),
+        ancestors=append_nodes(tree.ancestors, parents),
+        draft_slots=torch.cat([tree.draft_slots, tree.draft_slots.new_full((num_new,), -1)]),
+        draft_probs=draft_probs,
+    )

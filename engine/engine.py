@@ -1,0 +1,200 @@
+"""The script API: load a target/draft pair once, then generate token ids from token ids.
+
+    engine = Engine.load(EngineConfig(model=ModelConfig(target=..., draft=...)))
+    for delta in engine.generate(Request("r1", prompt_ids, SamplingParams(temperature=0))):
+        ...
+
+One sequence runs at a time; its KV caches are preallocated for the context plus the largest tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from engine import checkpoint
+from engine.config import EngineConfig, SpeculationConfig
+from engine.draft import Drafter
+from engine.model import DecoderRunner
+from engine.sampling import make_generator
+from engine.step import Sequence, StepContext, prefill, run_step
+from engine.types import (
+    ContextLengthError,
+    FinishReason,
+    GenerationStats,
+    Request,
+    SamplingParams,
+    TokenDelta,
+)
+
+DEFAULT_MAX_CONTEXT = 8192
+
+
+@dataclass
+class LoadedPair:
+    target: DecoderRunner
+    draft: DecoderRunner | None
+    tokenizer: PreTrainedTokenizerBase | None
+    eos_token_ids: frozenset[int]
+    max_context: int
+
+
+def load_pair(config: EngineConfig) -> LoadedPair:
+    model_cfg = config.model
+    device = checkpoint.resolve_device(model_cfg.device)
+    dtype = checkpoint.resolve_dtype(model_cfg.dtype, device)
+    checkpoint.read_config(model_cfg.target)
+    tokenizer = checkpoint.load_tokenizer(model_cfg.target)
+    needs_draft = config.speculation.method != "autoregressive"
+    if needs_draft:
+        if not model_cfg.draft:
+            raise checkpoint.CheckpointError(f"method {config.speculation.method} needs a draft model (--draft)")
+        checkpoint.read_config(model_cfg.draft)
+        checkpoint.check_vocab(model_cfg.target, tokenizer, model_cfg.draft, checkpoint.load_tokenizer(model_cfg.draft))
+    target_model = checkpoint.load_model(model_cfg.target, dtype)
+    target = build_target_runner(target_model, config, device)
+    draft = None
+    if needs_draft:
+        draft = DecoderRunner(checkpoint.load_model(model_cfg.draft, dtype, device))
+    limit = config.limits.max_context or min(
+        getattr(target_model.config, "max_position_embeddings", DEFAULT_MAX_CONTEXT), DEFAULT_MAX_CONTEXT
+    )
+    eos = checkpoint.eos_token_ids(target_model, tokenizer)
+    return LoadedPair(target, draft, tokenizer, eos, limit)
+
+
+def build_target_runner(model: torch.nn.Module, config: EngineConfig, device: torch.device) -> DecoderRunner:
+    """Resident target, or layers streamed by the offload streamer."""
+    if not config.offload.enabled:
+        return DecoderRunner(model.to(device))
+    from engine.offload import build_offloaded_runner  # noqa: PLC0415
+
+    return build_offloaded_runner(model, config, device)
+
+
+class Engine:
+    def __init__(self, pair: LoadedPair, config: EngineConfig):
+        self.pair = pair
+        self.config = config
+        self.tokenizer = pair.tokenizer
+        self.eos_token_ids = pair.eos_token_ids
+        self.max_context = pair.max_context
+        self.model_name = config.model.name or config.model.target.rstrip("/").split("/")[-1]
+        self.device = pair.target.device
+        self._caches: dict[str, object] = {}
+
+    @classmethod
+    def load(cls, config: EngineConfig) -> Engine:
+        return cls(load_pair(config), config)
+
+    def with_speculation(self, spec: SpeculationConfig) -> Engine:
+        """The same loaded models under other speculation settings (benchmarks)."""
+        return Engine(self.pair, dataclasses.replace(self.config, speculation=spec))
+
+    @property
+    def budget(self) -> int:
+        budget = self.config.speculation.budget
+        return budget if isinstance(budget, int) else 64
+
+    def validate_request(self, prompt_len: int, max_tokens: int) -> None:
+        if prompt_len < 1:
+            raise ValueError("the prompt must contain at least one token")
+        if prompt_len + max_tokens > self.max_context:
+            raise ContextLengthError(prompt_len, max_tokens, self.max_context)
+
+    def _step_context(self, params: SamplingParams) -> StepContext:
+        spec = self.config.speculation
+        budget = self.budget
+        target_capacity = self.max_context + budget + 1
+        draft_capacity = self.max_context + spec.max_depth * min(spec.max_expand, budget + 1) + 2
+        target_cache = self._cache("target", self.pair.target, target_capacity)
+        draft_runner = self.pair.draft or self.pair.target
+        draft_cache = self._cache("draft", draft_runner, draft_capacity if self.pair.draft else 1)
+        vocab = self.pair.target.vocab_size
+        stop_mask = torch.zeros(max(vocab, draft_runner.vocab_size), dtype=torch.bool, device=self.device)
+        stop_ids = [*params.stop_token_ids, *([] if params.ignore_eos else self.eos_token_ids)]
+        stop_mask[[i for i in stop_ids if i < stop_mask.shape[0]]] = True
+        return StepContext(
+            target=self.pair.target,
+            target_cache=target_cache,
+            drafter=Drafter(draft_runner, draft_cache, vocab),
+            spec=spec,
+            budget=budget,
+            stop_mask=stop_mask,
+            max_context=self.max_context,
+        )
+
+    def _cache(self, name: str, runner: DecoderRunner, capacity: int):
+        cache = self._caches.get(name)
+        if cache is None or cache.capacity < capacity:
+            cache = runner.new_cache(capacity)
+            self._caches[name] = cache
+        cache.reset()
+        return cache
+
+    def _start(self, request: Request, ctx: StepContext) -> Sequence:
+        vocab = self.pair.target.vocab_size
+        prompt = list(request.prompt_ids)
+        prompt_mask = None
+        if request.params.repetition_penalty != 1.0:
+            prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+            prompt_mask[torch.tensor([i for i in prompt if i < vocab], dtype=torch.long)] = True
+        prefill(ctx.target, ctx.target_cache, prompt[:-1])
+        if self.pair.draft is not None and self.config.speculation.method != "autoregressive":
+            prefill(ctx.drafter.runner, ctx.drafter.cache, prompt[:-1])
+        return Sequence(
+            token_ids=prompt,
+            prompt_len=len(prompt),
+            params=request.params,
+            generator=make_generator(request.params.seed, self.device),
+            output_counts=torch.zeros(vocab, device=self.device),
+            prompt_mask=prompt_mask,
+        )
+
+    def generate(
+        self, request: Request, should_abort: Callable[[], bool] | None = None
+    ) -> Iterator[TokenDelta]:
+        """Yield one TokenDelta per step; the last has finish_reason and totals."""
+        params = request.params
+        self.validate_request(len(request.prompt_ids), params.max_tokens)
+        totals = GenerationStats(prompt_tokens=len(request.prompt_ids))
+        begin = time.perf_counter()
+        ctx = self._step_context(params)
+        seq = self._start(request, ctx)
+        totals.prefill_seconds = time.perf_counter() - begin
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+        while True:
+            if should_abort is not None and should_abort():
+                yield TokenDelta(request.request_id, [], FinishReason.ABORT, totals=totals)
+                return
+            new_ids = run_step(ctx, seq)
+            stats = seq.stats[-1]
+            new_ids, finish = self._finish(seq, new_ids, stop_ids)
+            seq.emitted += len(new_ids)
+            totals.add_step(dataclasses.replace(stats, num_emitted=len(new_ids)))
+            yield TokenDelta(request.request_id, new_ids, finish, stats, totals if finish else None)
+            if finish is not None:
+                return
+
+    def _finish(self, seq: Sequence, new_ids: list[int], stop_ids: set[int]) -> tuple[list[int], FinishReason | None]:
+        for idx, token_id in enumerate(new_ids):
+            if token_id in stop_ids:
+                return new_ids[:idx], FinishReason.STOP
+        room = seq.params.max_tokens - seq.emitted
+        if len(new_ids) >= room:
+            return new_ids[:room], FinishReason.LENGTH
+        if len(seq.token_ids) >= self.max_context:
+            return new_ids, FinishReason.LENGTH
+        return new_ids, None
+
+    def generate_ids(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        """Convenience: the whole completion's token ids."""
+        out: list[int] = []
+        for delta in self.generate(Request("script", prompt_ids, params)):
+            out.extend(delta.token_ids)
+        return out

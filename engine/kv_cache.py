@@ -1,0 +1,60 @@
+"""Slot-indexed KV cache owned by the engine (one sequence at a time).
+
+Slots [0, length) hold the committed prefix, in order. A pass writes its tokens' keys and
+values to any free slots at or after `length`; `commit(slots)` then compacts the chosen slots
+(the accepted path) to [length, length + len(slots)) for every layer in one gather.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        shape = (num_layers, num_kv_heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kv_heads, capacity, head_dim]
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.positions = torch.zeros(capacity, dtype=torch.long, device=device)  # [capacity] rotary position
+        self.capacity = capacity
+        self.length = 0  # committed slots
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def write(self, layer_idx: int, start_slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """keys, values: [kv_heads, n, head_dim] into slots [start_slot, start_slot + n)."""
+        end = start_slot + keys.shape[1]
+        assert end <= self.capacity, f"KV cache overflow: slot {end} > capacity {self.capacity}"
+        self.keys[layer_idx, :, start_slot:end] = keys
+        self.values[layer_idx, :, start_slot:end] = values
+
+    def write_positions(self, start_slot: int, position_ids: torch.Tensor) -> None:
+        self.positions[start_slot : start_slot + position_ids.shape[0]] = position_ids
+
+    def view(self, layer_idx: int, end_slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of slots [0, end_slot): each [kv_heads, end_slot, head_dim]."""
+        return self.keys[layer_idx, :, :end_slot], self.values[layer_idx, :, :end_slot]
+
+    def commit(self, slots: torch.Tensor) -> None:
+        """Append the rows at `slots` ([m], ascending positions) to the committed prefix."""
+        num = slots.shape[0]
+        start, end = self.length, self.length + num
+        assert end <= self.capacity, f"KV cache overflow on commit: {end} > {self.capacity}"
+        # Advanced indexing gathers into a new tensor first, so overlapping source/target is safe.
+        self.keys[:, :, start:end] = self.keys[:, :, slots]
+        self.values[:, :, start:end] = self.values[:, :, slots]
+        self.positions[start:end] = self.positions[slots]
+        self.length = end

@@ -1,0 +1,266 @@
+"""Asyncio engine loop: `submit()` -> async iterator of token deltas, `abort()`; one worker thread.
+
+Scheduling: FIFO, one request at a time. The engine runs one request from prefill to its
+final delta, then takes the next; waiting requests sit in a bounded queue (`max_queue`
+waiting beyond the running one; past it, `submit` raises `QueueFull`). All model work runs
+in one worker thread, so the asyncio event loop stays responsive during long target passes.
+
+Cancellation: `abort(request_id)` on a waiting request removes it at once; on the running
+request it sets a flag the engine reads between steps, so the request ends within one
+engine step and its state is freed. `abort_lag_steps` of the final report counts the
+engine steps finished after the abort call (at most 1: the step that was in flight).
+
+Faults: an `EngineFault` (device-level) marks the loop unhealthy and fails every request;
+any other exception fails its own request only and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.types import EngineFault, FinishReason, Request, TokenDelta
+
+log = logging.getLogger("specexec.loop")
+
+SCHEDULING_POLICY = "fifo"
+MAX_RUNNING = 1
+
+
+class GeneratingEngine(Protocol):
+    def generate(self, request: Request, should_abort: Callable[[], bool] | None = None) -> Iterator[TokenDelta]: ...
+
+
+class QueueFull(RuntimeError):
+    def __init__(self, max_queue: int, retry_after: int):
+        self.max_queue = max_queue
+        self.retry_after = retry_after  # seconds, an estimate from recent request durations
+        super().__init__(f"request queue is full ({max_queue} waiting)")
+
+
+class EngineUnavailable(RuntimeError):
+    """The loop is not running, or a device fault took the engine down."""
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """Handed to `on_finish` after a request leaves the loop (worker thread)."""
+
+    request_id: str
+    finish_reason: FinishReason
+    num_steps: int
+    aborted: bool
+    abort_lag_steps: int | None  # steps finished after abort() was called; None if not aborted
+    seconds: float
+
+
+@dataclass(eq=False)
+class _Job:
+    request: Request
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    abort_event: threading.Event = field(default_factory=threading.Event)
+    num_steps: int = 0
+    abort_step: int | None = None
+
+    def put(self, item: TokenDelta | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+class DeltaStream:
+    """Async iterator over one request's deltas; ends after the delta with `finish_reason`."""
+
+    def __init__(self, owner: EngineLoop, job: _Job):
+        self._owner = owner
+        self._job = job
+        self._done = False
+        self.request_id = job.request.request_id
+
+    def __aiter__(self) -> AsyncIterator[TokenDelta]:
+        return self
+
+    async def __anext__(self) -> TokenDelta:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._job.queue.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finish_reason is not None:
+            self._done = True
+        return item
+
+    async def aclose(self) -> None:
+        if not self._done:
+            self._owner.abort(self.request_id)
+            self._done = True
+
+
+class EngineLoop:
+    """Serves `engine.generate` to asyncio callers; see the module docstring for the policy."""
+
+    def __init__(
+        self,
+        engine: GeneratingEngine,
+        max_queue: int,
+        on_delta: Callable[[TokenDelta], None] | None = None,
+        on_finish: Callable[[JobReport], None] | None = None,
+    ):
+        self.engine = engine
+        self.max_queue = max_queue
+        self._on_delta = on_delta
+        self._on_finish = on_finish
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._waiting: collections.deque[_Job] = collections.deque()
+        self._running: _Job | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._fault: BaseException | None = None
+        self._mean_seconds = 1.0  # EWMA of request durations, for Retry-After
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return 0 if self._running is None else 1
+
+    @property
+    def healthy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._fault is None
+
+    @property
+    def fault(self) -> BaseException | None:
+        return self._fault
+
+    def retry_after(self) -> int:
+        return max(1, min(60, round(self._mean_seconds * (self.queue_depth + 1))))
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._work, name="specexec-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort everything and join the worker (a step in flight finishes first)."""
+        with self._wakeup:
+            self._stopping = True
+            jobs = list(self._waiting) + ([self._running] if self._running else [])
+            self._wakeup.notify_all()
+        for job in jobs:
+            self.abort(job.request.request_id)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- API -----------------------------------------------------------------------------
+    def submit(self, request: Request) -> DeltaStream:
+        """Queue a request; raises QueueFull or EngineUnavailable at once (before any await)."""
+        job = _Job(request, asyncio.get_running_loop())
+        with self._wakeup:
+            if self._stopping or not self.healthy:
+                raise EngineUnavailable(str(self._fault) if self._fault else "engine loop is not running")
+            if len(self._waiting) + self.num_running > self.max_queue:
+                raise QueueFull(self.max_queue, self.retry_after())
+            self._waiting.append(job)
+            self._wakeup.notify()
+        return DeltaStream(self, job)
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request; True if it was still waiting or running."""
+        with self._wakeup:
+            running = self._running
+            if running is not None and running.request.request_id == request_id:
+                if not running.abort_event.is_set():
+                    running.abort_step = running.num_steps
+                    running.abort_event.set()
+                return True
+            for job in self._waiting:
+                if job.request.request_id == request_id:
+                    self._waiting.remove(job)
+                    job.abort_step = 0
+                    job.abort_event.set()
+                    break
+            else:
+                return False
+        job.put(TokenDelta(request_id, [], FinishReason.ABORT))
+        self._report(job, FinishReason.ABORT, 0.0)
+        return True
+
+    # -- worker --------------------------------------------------------------------------
+    def _next_job(self) -> _Job | None:
+        with self._wakeup:
+            while not self._waiting and not self._stopping:
+                self._wakeup.wait()
+            if self._stopping:
+                return None
+            self._running = self._waiting.popleft()
+            return self._running
+
+    def _work(self) -> None:
+        while (job := self._next_job()) is not None:
+            started = time.perf_counter()
+            try:
+                reason = self._run(job)
+            except EngineFault as exc:
+                log.exception("device fault: the engine is down")
+                self._fail_all(job, exc)
+                return
+            except Exception as exc:  # this request fails alone; the loop goes on
+                log.exception("request %s failed", job.request.request_id)
+                job.put(exc)
+                reason = FinishReason.ERROR
+            finally:
+                with self._wakeup:
+                    self._running = None
+            seconds = time.perf_counter() - started
+            self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * seconds
+            self._report(job, reason, seconds)
+
+    def _run(self, job: _Job) -> FinishReason:
+        for delta in self.engine.generate(job.request, should_abort=job.abort_event.is_set):
+            if delta.stats is not None:
+                job.num_steps += 1
+            job.put(delta)
+            if self._on_delta is not None:
+                try:
+                    self._on_delta(delta)
+                except Exception:
+                    log.exception("on_delta callback failed")
+            if delta.finish_reason is not None:
+                return delta.finish_reason
+        raise RuntimeError("engine.generate ended without a final delta")
+
+    def _fail_all(self, job: _Job, exc: EngineFault) -> None:
+        with self._wakeup:
+            self._fault = exc
+            self._running = None
+            jobs = [job, *self._waiting]
+            self._waiting.clear()
+        for each in jobs:
+            each.put(exc)
+            self._report(each, FinishReason.ERROR, 0.0)
+
+    def _report(self, job: _Job, reason: FinishReason, seconds: float) -> None:
+        if self._on_finish is None:
+            return
+        aborted = job.abort_event.is_set() or reason == FinishReason.ABORT
+        lag = None if job.abort_step is None else job.num_steps - job.abort_step
+        report = JobReport(job.request.request_id, reason, job.num_steps, aborted, lag, seconds)
+        try:
+            self._on_finish(report)
+        except Exception:
+            log.exception("on_finish callback failed")

@@ -1,0 +1,136 @@
+"""One decoding step for one sequence: draft a tree -> one target pass -> verify -> commit."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import SpeculationConfig
+from engine.device import timed
+from engine.draft import Drafter, GrowLimits, grow_sampled_tree, grow_tree
+from engine.kv_cache import KVCache
+from engine.model import DecoderRunner
+from engine.sampling import process_logits
+from engine.tree import Tree, causal_mask, path_token_counts, prefix_tree_mask
+from engine.types import SamplingParams, StepStats
+from engine.verify import Verdict, verify_specinfer, verify_tree
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class Sequence:
+    """Committed tokens of one request; the last one is the root of the next tree (no KV yet)."""
+
+    token_ids: list[int]
+    prompt_len: int
+    params: SamplingParams
+    generator: torch.Generator
+    output_counts: torch.Tensor  # [vocab] float, generated tokens so far (penalties)
+    prompt_mask: torch.Tensor | None  # [vocab] bool, tokens of the prompt (repetition penalty)
+    emitted: int = 0
+    stats: list[StepStats] = field(default_factory=list)
+
+    @property
+    def root_id(self) -> int:
+        return self.token_ids[-1]
+
+
+def prefill(runner: DecoderRunner, cache: KVCache, token_ids: list[int]) -> None:
+    """Write the KV of `token_ids` after the committed prefix, in chunks; computes no logits."""
+    device = cache.device
+    no_rows = torch.zeros(0, dtype=torch.long, device=device)
+    for begin in range(0, len(token_ids), PREFILL_CHUNK):
+        chunk = torch.tensor(token_ids[begin : begin + PREFILL_CHUNK], device=device)
+        start = cache.length
+        positions = torch.arange(start, start + chunk.shape[0], device=device)
+        runner.forward(chunk, positions, cache, start, causal_mask(chunk.shape[0], start, device), no_rows)
+        cache.length = start + chunk.shape[0]
+
+
+@dataclass
+class StepContext:
+    target: DecoderRunner
+    target_cache: KVCache
+    drafter: Drafter
+    spec: SpeculationConfig
+    budget: int
+    stop_mask: torch.Tensor  # [vocab] bool, tokens never expanded (EOS, stop ids)
+    max_context: int
+
+
+def draft_tree(ctx: StepContext, seq: Sequence, max_depth: int) -> Tree:
+    device = ctx.target_cache.device
+    if ctx.spec.method == "autoregressive" or max_depth < 1:
+        return Tree.single(seq.root_id, device)
+    pending = seq.token_ids[ctx.drafter.cache.length : len(seq.token_ids) - 1]
+    limits = GrowLimits(budget=ctx.budget, max_depth=max_depth, stop_mask=ctx.stop_mask)
+    if ctx.spec.method == "specinfer":
+        return grow_sampled_tree(ctx.drafter, seq.root_id, pending, seq.params, limits, seq.generator)
+    return grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits)
+
+
+def score_tree(ctx: StepContext, tree: Tree) -> torch.Tensor:
+    """One target pass over every tree node (node i at slot prefix + i). Returns [n, vocab]."""
+    start = ctx.target_cache.length
+    positions = start + tree.depths
+    mask = prefix_tree_mask(tree.ancestors, start)
+    return ctx.target.forward(tree.token_ids, positions, ctx.target_cache, start, mask)
+
+
+def judge(ctx: StepContext, seq: Sequence, tree: Tree, logits: torch.Tensor) -> Verdict:
+    params = seq.params
+    counts = None
+    if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
+        include_root = len(seq.token_ids) > seq.prompt_len
+        counts = seq.output_counts[None] + path_token_counts(tree, logits.shape[1], include_root)
+    processed = process_logits(logits, params, counts, seq.prompt_mask)
+    if tree.draft_probs is not None and not params.greedy:
+        tree.draft_probs = align_vocab(tree.draft_probs, processed.shape[1])
+        return verify_specinfer(tree, processed, seq.generator)
+    return verify_tree(tree, processed, params.greedy, seq.generator)
+
+
+def align_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    if probs.shape[1] >= vocab_size:
+        return probs[:, :vocab_size]
+    return torch.cat([probs, probs.new_zeros(probs.shape[0], vocab_size - probs.shape[1])], dim=1)
+
+
+def run_step(ctx: StepContext, seq: Sequence) -> list[int]:
+    """Append the step's tokens (accepted path + bonus) to `seq`; returns them."""
+    device = ctx.target_cache.device
+    begin = time.perf_counter()
+    remaining = min(seq.params.max_tokens - seq.emitted, ctx.max_context - len(seq.token_ids))
+    tree = draft_tree(ctx, seq, min(ctx.spec.max_depth, remaining - 1))
+    draft_seconds = timed(device, begin)
+    logits = score_tree(ctx, tree)
+    target_seconds = timed(device, begin) - draft_seconds
+    verdict = judge(ctx, seq, tree, logits)
+    ctx.target_cache.commit(ctx.target_cache.length + verdict.path)
+    ctx.drafter.commit(tree, verdict.path)
+    summary = torch.cat([
+        tree.token_ids[verdict.path[1:]].double(),
+        verdict.bonus_id.reshape(1).double(),
+        tree.depths.max().reshape(1).double(),
+        verdict.expected_accepted.reshape(1).double(),
+    ]).tolist()  # the step's one host sync
+    new_ids = [int(t) for t in summary[:-2]]
+    depth, expected = int(summary[-2]), summary[-1]
+    seq.token_ids.extend(new_ids)
+    ids = torch.tensor(new_ids, device=device)
+    seq.output_counts.index_add_(0, ids, torch.ones(len(new_ids), device=device))
+    stats = StepStats(
+        tree_size=tree.num_nodes,
+        tree_depth=depth,
+        num_accepted=len(new_ids) - 1,
+        num_emitted=len(new_ids),
+        draft_seconds=draft_seconds,
+        target_seconds=target_seconds,
+        step_seconds=time.perf_counter() - begin,
+        expected_accepted=expected,
+    )
+    seq.stats.append(stats)
+    return new_ids

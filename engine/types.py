@@ -1,0 +1,128 @@
+"""The server <-> engine contract: plain data, no tensors in the public fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # EOS, a stop token id, or (server side) a stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # client went away or the request was cancelled
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy (argmax)
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError("min_p must be in [0, 1]")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+
+@dataclass(frozen=True)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine step: one draft tree and one target pass."""
+
+    tree_size: int  # nodes scored by the target, root included
+    tree_depth: int
+    num_accepted: int  # draft tokens accepted (bonus token excluded)
+    num_emitted: int  # tokens emitted this step (accepted + bonus, after stop truncation)
+    draft_seconds: float
+    target_seconds: float
+    step_seconds: float
+    expected_accepted: float = 0.0  # sum over nodes of target path probability (SpecExec estimate)
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """New tokens of one request; the last delta carries `finish_reason`."""
+
+    request_id: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stats: StepStats | None = None
+    totals: GenerationStats | None = None  # set on the final delta
+
+
+@dataclass
+class GenerationStats:
+    """Totals over one request."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    target_passes: int = 0
+    accepted_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+
+    def add_step(self, stats: StepStats) -> None:
+        self.target_passes += 1
+        self.accepted_tokens += stats.num_accepted
+        self.completion_tokens += stats.num_emitted
+        self.decode_seconds += stats.step_seconds
+        self.draft_seconds += stats.draft_seconds
+        self.target_seconds += stats.target_seconds
+
+    @property
+    def mean_accepted_per_pass(self) -> float:
+        """Tokens emitted per target pass (accepted draft tokens + bonus)."""
+        return self.completion_tokens / self.target_passes if self.target_passes else 0.0
+
+
+class ContextLengthError(ValueError):
+    """prompt + max_tokens does not fit the context."""
+
+    def __init__(self, prompt_len: int, max_tokens: int, max_context: int):
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.max_context = max_context
+        super().__init__(
+            f"This model's maximum context length is {max_context} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
+            "Please reduce the length of the messages or completion."
+        )
+
+
+class EngineFault(RuntimeError):
+    """A device-level failure: the engine cannot serve any request until restarted."""
