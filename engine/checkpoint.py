@@ -51,12 +51,14 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu"
     read_config(path)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot load weights: {exc}") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
     return model.to(device).eval().requires_grad_(False)
 
 

@@ -131,3 +131,40 @@ def build_section(cls: type, values: dict, section: str, source: str | None = No
         raise ConfigError(exc.field, str(exc).split(": ", 1)[-1], source) from None
     except TypeError as exc:
         raise ConfigError(section, str(exc), source) from None
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "speculation": SpeculationConfig,
+    "offload": OffloadConfig,
+    "limits": LimitsConfig,
+}
+
+
+def read_config_file(path: str) -> dict[str, dict]:
+    """A configs/ TOML file: {section: {field: value}}. Errors name the file."""
+    import tomllib  # noqa: PLC0415
+
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError("config", "file not found", path) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", f"invalid TOML: {exc}", path) from None
+    for section, values in data.items():
+        if section not in (*SECTIONS, "server") or not isinstance(values, dict):
+            raise ConfigError(section, f"unknown section (known: {', '.join([*SECTIONS, 'server'])})", path)
+    return data
+
+
+def engine_config_from(
+    sections: dict[str, dict], overrides: dict[str, dict] | None = None, source: str | None = None
+) -> EngineConfig:
+    """Build EngineConfig from file sections, then explicit overrides (CLI flags) on top."""
+    built = {}
+    for name, cls in SECTIONS.items():
+        values = dict(sections.get(name, {}))
+        values.update((overrides or {}).get(name, {}))
+        built[name] = build_section(cls, values, name, source)
+    return EngineConfig(**built)

@@ -1,0 +1,1 @@
+"""HTTP layer: an OpenAI-compatible API over the engine (server -> engine, never the reverse)."""

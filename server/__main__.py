@@ -1,0 +1,82 @@
+"""The `specexec` command: generate, serve, bench, build-default."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.config import ConfigError
+from engine.flags import CliError, add_engine_arguments, engine_config_from_args
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from engine.generate_cli import run_generate  # noqa: PLC0415
+
+    config, _ = engine_config_from_args(args)
+    return run_generate(config, args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from server.serve import run_server, server_config_from  # noqa: PLC0415
+
+    config, server_section = engine_config_from_args(args)
+    run_server(config, server_config_from(args, server_section, args.config))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specexec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="complete one prompt and print the text")
+    add_engine_arguments(gen)
+    from engine.generate_cli import add_generate_arguments  # noqa: PLC0415
+
+    add_generate_arguments(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_engine_arguments(serve)
+    try:
+        from server.serve import add_server_arguments  # noqa: PLC0415
+    except ImportError:  # the server package is optional for engine-only installs
+        add_server_arguments = None
+    if add_server_arguments is not None:
+        add_server_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
+    add_optional_commands(sub)
+    return parser
+
+
+def add_optional_commands(sub: argparse._SubParsersAction) -> None:
+    """Commands whose modules may be absent from a minimal install."""
+    import importlib  # noqa: PLC0415
+
+    for name, module, help_text in (
+        ("build-default", "engine.build_default", "train the built-in default model pair"),
+        ("bench", "engine.bench", "benchmark autoregressive vs SpecInfer vs SpecExec"),
+    ):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        cmd = sub.add_parser(name, help=help_text)
+        mod.add_arguments(cmd)
+        cmd.set_defaults(func=mod.run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from engine.checkpoint import CheckpointError  # noqa: PLC0415
+    from engine.types import ContextLengthError  # noqa: PLC0415
+
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, ConfigError, CheckpointError, ContextLengthError) as exc:
+        print(f"specexec: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Exceptions -> OpenAI-shaped error JSON and HTTP status.
+
+Every error a client sees has the shape `{"error": {"message", "type", "param", "code"}}`;
+FastAPI's `{"detail": ...}` body never leaves the server. Deterministic failures carry
+`x-should-retry: false` so the openai SDK does not retry them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.types import ContextLengthError
+
+log = logging.getLogger("specexec.server")
+
+
+class APIError(Exception):
+    """An error to send to the client as-is (before the first byte of a response)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        retry: bool = False,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+        self.retry = retry
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        headers = dict(self.headers)
+        if not self.retry:
+            headers["x-should-retry"] = "false"
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param, code="unsupported_parameter")
+
+
+def context_length_error(exc: ContextLengthError, param: str) -> APIError:
+    return APIError(400, str(exc), param=param, code="context_length_exceeded")
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(
+        404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+    )
+
+
+def authentication_error() -> APIError:
+    return APIError(
+        401,
+        "Incorrect or missing API key. Send it as `Authorization: Bearer <key>` or `x-api-key: <key>`.",
+        type="authentication_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def queue_full(retry_after: int) -> APIError:
+    return APIError(
+        429,
+        "The server is busy: the request queue is full. Retry later.",
+        type="rate_limit_error",
+        code="queue_full",
+        headers={"Retry-After": str(retry_after)},
+        retry=True,
+    )
+
+
+def loading() -> APIError:
+    return APIError(
+        503,
+        "The model is still loading.",
+        type="service_unavailable_error",
+        code="model_loading",
+        headers={"Retry-After": "5"},
+        retry=True,
+    )
+
+
+def engine_down(reason: str) -> APIError:
+    return APIError(503, f"The engine is unavailable: {reason}", type="service_unavailable_error", code="engine_down")
+
+
+def internal_error(exc: BaseException) -> APIError:
+    return APIError(500, f"Internal error while generating: {type(exc).__name__}: {exc}", type="server_error",
+                    code="internal_error")
+
+
+async def _api_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+    param = ".".join(loc) or None
+    return invalid_request(f"Invalid value for '{param}': {first.get('msg', 'invalid request')}", param).response()
+
+
+async def _http_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return APIError(exc.status_code, message, code=code, headers=dict(exc.headers or {})).response()
+
+
+async def _unhandled_handler(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return internal_error(exc).response()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error_handler)
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(Exception, _unhandled_handler)

@@ -1,0 +1,92 @@
+"""Prometheus metrics (prometheus-client), one CollectorRegistry per app.
+
+Engine-side numbers (target passes, tokens accepted per pass, step times, aborts) are
+recorded from the engine loop's worker thread through `observe_delta` / `observe_finish`;
+request and token counts are recorded by the HTTP handlers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from engine.loop import MAX_RUNNING, SCHEDULING_POLICY, JobReport
+from engine.types import TokenDelta
+
+PREFIX = "specexec"
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ACCEPT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(f"{PREFIX}_requests", "Finished HTTP generation requests",
+                                ["endpoint", "finish_reason"], registry=r)
+        self.rejected = Counter(f"{PREFIX}_requests_rejected", "Requests answered with an HTTP error",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated", registry=r)
+        self.queue_depth = Gauge(f"{PREFIX}_queue_depth", "Requests waiting for the engine", registry=r)
+        self.running = Gauge(f"{PREFIX}_requests_running", "Requests the engine is running", registry=r)
+        self.queue_capacity = Gauge(f"{PREFIX}_queue_capacity", "Bound of the waiting queue", registry=r)
+        self.healthy = Gauge(f"{PREFIX}_engine_healthy", "1 when the engine is loaded and serving", registry=r)
+        self.scheduler = Info(f"{PREFIX}_scheduler", "How requests share the engine", registry=r)
+        self.scheduler.info({"policy": SCHEDULING_POLICY, "max_running": str(MAX_RUNNING)})
+        self.target_passes = Counter(f"{PREFIX}_target_passes", "Target model passes (engine steps)", registry=r)
+        self.accepted_tokens = Counter(f"{PREFIX}_draft_tokens_accepted", "Draft tokens accepted", registry=r)
+        self.accepted_per_pass = Histogram(f"{PREFIX}_accepted_tokens_per_pass",
+                                           "Draft tokens accepted per target pass", buckets=ACCEPT_BUCKETS,
+                                           registry=r)
+        self.emitted_per_pass = Histogram(f"{PREFIX}_emitted_tokens_per_pass",
+                                          "Tokens emitted per target pass (accepted + bonus)",
+                                          buckets=ACCEPT_BUCKETS, registry=r)
+        self.tree_size = Histogram(f"{PREFIX}_tree_size", "Nodes scored per target pass",
+                                   buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096), registry=r)
+        self.step_seconds = Histogram(f"{PREFIX}_step_seconds", "Engine step time (draft + target)",
+                                      buckets=STEP_BUCKETS, registry=r)
+        self.draft_seconds = Histogram(f"{PREFIX}_draft_seconds", "Draft tree growth time per step",
+                                       buckets=STEP_BUCKETS, registry=r)
+        self.target_seconds = Histogram(f"{PREFIX}_target_seconds", "Target pass time per step",
+                                        buckets=STEP_BUCKETS, registry=r)
+        self.aborts = Counter(f"{PREFIX}_aborted_requests", "Requests aborted (disconnect, stop string)",
+                              registry=r)
+        self.abort_lag = Histogram(f"{PREFIX}_abort_lag_steps",
+                                   "Engine steps finished after abort() until the request was freed",
+                                   buckets=(0, 1, 2, 4, 8), registry=r)
+        self.engine_requests = Counter(f"{PREFIX}_engine_requests", "Requests that left the engine loop",
+                                       ["finish_reason"], registry=r)
+
+    def bind_loop(self, queue_depth: Callable[[], int], running: Callable[[], int], capacity: int,
+                  healthy: Callable[[], bool]) -> None:
+        self.queue_depth.set_function(lambda: float(queue_depth()))
+        self.running.set_function(lambda: float(running()))
+        self.queue_capacity.set(capacity)
+        self.healthy.set_function(lambda: 1.0 if healthy() else 0.0)
+
+    def observe_delta(self, delta: TokenDelta) -> None:
+        stats = delta.stats
+        if stats is None:
+            return
+        self.target_passes.inc()
+        self.accepted_tokens.inc(stats.num_accepted)
+        self.accepted_per_pass.observe(stats.num_accepted)
+        self.emitted_per_pass.observe(stats.num_emitted)
+        self.tree_size.observe(stats.tree_size)
+        self.step_seconds.observe(stats.step_seconds)
+        self.draft_seconds.observe(stats.draft_seconds)
+        self.target_seconds.observe(stats.target_seconds)
+
+    def observe_finish(self, report: JobReport) -> None:
+        self.engine_requests.labels(report.finish_reason.value).inc()
+        if report.aborted:
+            self.aborts.inc()
+        if report.abort_lag_steps is not None:
+            self.abort_lag.observe(report.abort_lag_steps)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,74 @@
+"""OpenAI response and stream-chunk shapes (chat.completion, text_completion and their chunks).
+
+Plain dicts, built exactly as ../shared/api.md spells them: keys that must be present with
+`null` are present, keys that must be absent (`usage` on ordinary chunks) are absent.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def new_request_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What every response and chunk of one request shares: id, created, model, fingerprint."""
+
+    chat: bool
+    model: str
+    fingerprint: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            object.__setattr__(self, "id", new_request_id(self.chat))
+
+    def _head(self, object_name: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+        }
+
+    def completion(self, text: str, finish_reason: str, usage: dict[str, int],
+                   timings: dict[str, Any]) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+            head = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": text}
+            head = self._head("text_completion")
+        choice |= {"logprobs": None, "finish_reason": finish_reason}
+        return head | {"choices": [choice], "usage": usage, "timings": timings}
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
+              timings: dict[str, Any] | None = None) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta}
+            head = self._head("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text or ""}
+            head = self._head("text_completion")
+        choice |= {"logprobs": None, "finish_reason": finish_reason}
+        out = head | {"choices": [choice]}
+        if timings is not None:
+            out["timings"] = timings
+        return out
+
+    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+        object_name = "chat.completion.chunk" if self.chat else "text_completion"
+        return self._head(object_name) | {"choices": [], "usage": usage}

@@ -1,0 +1,107 @@
+"""What the app holds while it runs: the engine (loaded in a thread), its loop, prompts, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.loop import EngineLoop
+from server.config import ServerConfig
+from server.errors import engine_down, loading, model_not_found
+from server.metrics import Metrics
+from server.prompt import PromptBuilder
+
+log = logging.getLogger("specexec.server")
+
+EngineLoader = Callable[[EngineConfig], Any]
+
+
+def default_loader(config: EngineConfig) -> Any:
+    from engine.engine import Engine  # noqa: PLC0415 - heavy import, only when serving
+
+    return Engine.load(config)
+
+
+class ServerState:
+    def __init__(self, engine_config: EngineConfig, server_config: ServerConfig,
+                 on_fatal: Callable[[BaseException], None] | None = None):
+        self.engine_config = engine_config
+        self.server_config = server_config
+        self.metrics = Metrics()
+        self.engine: Any = None
+        self.loop: EngineLoop | None = None
+        self.prompt: PromptBuilder | None = None
+        self.load_error: BaseException | None = None
+        self._on_fatal = on_fatal
+        self._chat_template = server_config.read_chat_template()
+        spec = engine_config.speculation
+        self.fingerprint = f"fp_specexec_{spec.method}_{spec.budget}"
+
+    @property
+    def model_name(self) -> str:
+        if self.server_config.served_model_name:
+            return self.server_config.served_model_name
+        return self.engine.model_name if self.engine is not None else ""
+
+    @property
+    def ready(self) -> bool:
+        return self.loop is not None and self.loop.healthy
+
+    def status(self) -> tuple[int, dict[str, str]]:
+        if self.ready:
+            return 200, {"status": "ok"}
+        if self.load_error is not None:
+            return 503, {"status": "error", "error": f"{type(self.load_error).__name__}: {self.load_error}"}
+        if self.loop is not None and self.loop.fault is not None:
+            return 503, {"status": "error", "error": f"engine fault: {self.loop.fault}"}
+        return 503, {"status": "loading"}
+
+    def require_ready(self) -> tuple[EngineLoop, PromptBuilder]:
+        if self.loop is None or self.prompt is None:
+            if self.load_error is not None:
+                raise engine_down(f"loading failed: {self.load_error}")
+            raise loading()
+        if not self.loop.healthy:
+            raise engine_down(str(self.loop.fault or "the engine loop stopped"))
+        return self.loop, self.prompt
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise model_not_found(model)
+
+    async def load(self, loader: EngineLoader) -> None:
+        """Load the engine in a worker thread (the event loop keeps answering /health with 503)."""
+        try:
+            engine = await asyncio.to_thread(loader, self.engine_config)
+            self.attach(engine)
+        except Exception as exc:
+            log.exception("loading the engine failed")
+            self.load_error = exc
+            if self._on_fatal is not None:
+                self._on_fatal(exc)
+
+    def attach(self, engine: Any) -> None:
+        self.prompt = PromptBuilder(
+            engine.tokenizer,
+            max_context=engine.max_context,
+            default_max_tokens=self.engine_config.limits.default_max_tokens,
+            validate=engine.validate_request,
+            chat_template=self._chat_template,
+        )
+        max_queue = self.engine_config.limits.max_queue
+        loop = EngineLoop(engine, max_queue, on_delta=self.metrics.observe_delta,
+                          on_finish=self.metrics.observe_finish)
+        self.metrics.bind_loop(lambda: loop.queue_depth, lambda: loop.num_running, max_queue,
+                               lambda: loop.healthy)
+        loop.start()
+        self.engine = engine
+        self.loop = loop
+        log.info("serving model %r (max context %d, queue bound %d)", self.model_name, engine.max_context,
+                 max_queue)
+
+    def shutdown(self) -> None:
+        if self.loop is not None:
+            self.loop.stop()

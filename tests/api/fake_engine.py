@@ -1,0 +1,101 @@
+"""A FakeEngine with the real Engine's interface: a deterministic token stream, no model.
+
+It cycles through the token ids of `script` (multi-byte characters split across tokens),
+`tokens_per_step` ids per step, honours max_tokens, EOS/stop token ids, should_abort, and
+can sleep per step or fail, for fast tests of the HTTP layer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from functools import lru_cache
+
+from tiny_models import build_tokenizer
+
+from engine.types import (
+    ContextLengthError,
+    FinishReason,
+    GenerationStats,
+    Request,
+    StepStats,
+    TokenDelta,
+)
+
+SCRIPT = "Hello, world! Ünïcödé ✓ 日本語 🙂 The quick brown fox jumps over the lazy dog. "
+
+
+@lru_cache(maxsize=1)
+def tiny_tokenizer():
+    return build_tokenizer()
+
+
+class FakeEngine:
+    def __init__(
+        self,
+        *,
+        script: str = SCRIPT,
+        tokens_per_step: int = 3,
+        step_seconds: float = 0.0,
+        max_context: int = 512,
+        fail_with: BaseException | None = None,
+        model_name: str = "fake-model",
+    ):
+        self.tokenizer = tiny_tokenizer()
+        self.model_name = model_name
+        self.max_context = max_context
+        self.eos_token_ids = frozenset({self.tokenizer.eos_token_id})
+        self.script_ids: list[int] = self.tokenizer.encode(script, add_special_tokens=False)
+        self.tokens_per_step = tokens_per_step
+        self.step_seconds = step_seconds
+        self.fail_with = fail_with
+        self.requests: list[Request] = []
+        self.steps_run = 0
+        self.step_started = threading.Event()
+
+    def validate_request(self, prompt_len: int, max_tokens: int) -> None:
+        if prompt_len < 1:
+            raise ValueError("the prompt must contain at least one token")
+        if prompt_len + max_tokens > self.max_context:
+            raise ContextLengthError(prompt_len, max_tokens, self.max_context)
+
+    def output_ids(self, request: Request, count: int) -> list[int]:
+        """The first `count` ids this engine emits for `request` (before stop/EOS handling)."""
+        offset = 0 if request.params.greedy else (request.params.seed or 0) % len(self.script_ids)
+        return [self.script_ids[(offset + i) % len(self.script_ids)] for i in range(count)]
+
+    def generate(self, request: Request, should_abort: Callable[[], bool] | None = None) -> Iterator[TokenDelta]:
+        params = request.params
+        self.validate_request(len(request.prompt_ids), params.max_tokens)
+        self.requests.append(request)
+        totals = GenerationStats(prompt_tokens=len(request.prompt_ids), prefill_seconds=0.001)
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+        stream = self.output_ids(request, params.max_tokens)
+        emitted = 0
+        while True:
+            if should_abort is not None and should_abort():
+                yield TokenDelta(request.request_id, [], FinishReason.ABORT, totals=totals)
+                return
+            self.step_started.set()
+            if self.step_seconds:
+                time.sleep(self.step_seconds)
+            if self.fail_with is not None:
+                raise self.fail_with
+            new_ids = stream[emitted : emitted + self.tokens_per_step]
+            finish = None
+            for idx, token_id in enumerate(new_ids):
+                if token_id in stop_ids:
+                    new_ids, finish = new_ids[:idx], FinishReason.STOP
+                    break
+            emitted += len(new_ids)
+            if finish is None and emitted >= params.max_tokens:
+                finish = FinishReason.LENGTH
+            self.steps_run += 1
+            stats = StepStats(tree_size=8, tree_depth=3, num_accepted=max(len(new_ids) - 1, 0),
+                              num_emitted=len(new_ids), draft_seconds=0.001, target_seconds=0.002,
+                              step_seconds=0.003)
+            totals.add_step(stats)
+            yield TokenDelta(request.request_id, new_ids, finish, stats, totals if finish else None)
+            if finish is not None:
+                return

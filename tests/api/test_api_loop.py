@@ -1,0 +1,136 @@
+"""engine/loop.py over a FakeEngine: FIFO, bounded queue, abort within one step, fault isolation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fake_engine import FakeEngine
+
+from engine.loop import EngineLoop, EngineUnavailable, JobReport, QueueFull
+from engine.types import EngineFault, FinishReason, Request, SamplingParams, TokenDelta
+
+
+def request(rid: str, max_tokens: int = 12, **params) -> Request:
+    return Request(rid, [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **params))
+
+
+async def collect(stream) -> list[TokenDelta]:
+    return [delta async for delta in stream]
+
+
+def make_loop(engine: FakeEngine, max_queue: int = 4) -> tuple[EngineLoop, list[JobReport]]:
+    reports: list[JobReport] = []
+    loop = EngineLoop(engine, max_queue, on_finish=reports.append)
+    loop.start()
+    return loop, reports
+
+
+async def wait_for(predicate, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_submit_streams_deltas_and_keeps_the_event_loop_responsive() -> None:
+    async def main() -> None:
+        engine = FakeEngine(step_seconds=0.05)
+        loop, reports = make_loop(engine)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        deltas = await collect(loop.submit(request("a", max_tokens=12)))
+        task.cancel()
+        assert [len(d.token_ids) for d in deltas] == [3, 3, 3, 3]
+        assert deltas[-1].finish_reason == FinishReason.LENGTH and deltas[-1].totals is not None
+        assert ticks >= 10  # the event loop ran while the worker thread slept in steps
+        await wait_for(lambda: len(reports) == 1)
+        assert reports[0].num_steps == 4 and not reports[0].aborted
+        loop.stop()
+
+    asyncio.run(main())
+
+
+def test_fifo_order_and_queue_bound() -> None:
+    async def main() -> None:
+        engine = FakeEngine(step_seconds=0.02)
+        loop, _ = make_loop(engine, max_queue=1)
+        first = loop.submit(request("first"))
+        second = loop.submit(request("second"))  # waits: 1 running + 1 waiting
+        with pytest.raises(QueueFull) as info:
+            loop.submit(request("third"))
+        assert info.value.retry_after >= 1
+        assert loop.queue_depth + loop.num_running == 2
+        await asyncio.gather(collect(first), collect(second))
+        assert [r.request_id for r in engine.requests] == ["first", "second"]
+        assert loop.queue_depth == 0 and loop.num_running == 0
+        loop.stop()
+
+    asyncio.run(main())
+
+
+def test_abort_running_request_within_one_step_and_waiting_at_once() -> None:
+    async def main() -> None:
+        engine = FakeEngine(step_seconds=0.05)
+        loop, reports = make_loop(engine)
+        running = loop.submit(request("run", max_tokens=300))
+        waiting = loop.submit(request("wait"))
+        first = await running.__anext__()
+        assert first.token_ids
+        assert loop.abort("wait") and loop.abort("run")
+        rest = await collect(running)
+        assert rest[-1].finish_reason == FinishReason.ABORT
+        assert (await collect(waiting))[-1].finish_reason == FinishReason.ABORT
+        await wait_for(lambda: len(reports) == 2)
+        by_id = {r.request_id: r for r in reports}
+        assert by_id["run"].aborted and by_id["run"].abort_lag_steps is not None
+        assert by_id["run"].abort_lag_steps <= 1
+        assert by_id["wait"].abort_lag_steps == 0
+        assert not loop.abort("run")  # already gone
+        deltas = await collect(loop.submit(request("next")))  # the loop goes on
+        assert deltas[-1].finish_reason == FinishReason.LENGTH
+        loop.stop()
+
+    asyncio.run(main())
+
+
+def test_aclose_aborts() -> None:
+    async def main() -> None:
+        engine = FakeEngine(step_seconds=0.02)
+        loop, reports = make_loop(engine)
+        stream = loop.submit(request("r", max_tokens=300))
+        await stream.__anext__()
+        await stream.aclose()
+        await wait_for(lambda: len(reports) == 1)
+        assert reports[0].aborted and loop.num_running == 0
+        loop.stop()
+
+    asyncio.run(main())
+
+
+def test_request_failure_is_isolated_and_fault_takes_engine_down() -> None:
+    async def main() -> None:
+        engine = FakeEngine(fail_with=ValueError("boom"))
+        loop, _ = make_loop(engine)
+        with pytest.raises(ValueError, match="boom"):
+            await collect(loop.submit(request("bad")))
+        engine.fail_with = None
+        assert (await collect(loop.submit(request("good"))))[-1].finish_reason == FinishReason.LENGTH
+        assert loop.healthy
+        engine.fail_with = EngineFault("device lost")
+        with pytest.raises(EngineFault):
+            await collect(loop.submit(request("fault")))
+        await wait_for(lambda: not loop.healthy)
+        with pytest.raises(EngineUnavailable):
+            loop.submit(request("after"))
+        loop.stop()
+
+    asyncio.run(main())

@@ -1,0 +1,105 @@
+"""Request validation: strict types, ranges, unsupported options, param names (no server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.errors import APIError
+from server.protocol import ChatCompletionRequest, CompletionRequest, error_param, parse_request
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields) -> bytes:
+    return json.dumps({"model": "m", "messages": MSGS, **fields}).encode()
+
+
+def completion(**fields) -> bytes:
+    return json.dumps({"model": "m", "prompt": "hi", **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "code"),
+    [
+        (b"{not json", None, None),
+        (b"[1, 2]", None, None),
+        (json.dumps({"model": "m"}).encode(), "messages", "missing_required_parameter"),
+        (chat(messages=[]), "messages", "invalid_value"),
+        (chat(messages="hi"), "messages", "invalid_value"),
+        (chat(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role", "invalid_value"),
+        (chat(messages=[{"content": "x"}]), "messages[0].role", "missing_required_parameter"),
+        (chat(messages=[{"role": "user", "content": 5}]), "messages[0].content", "invalid_value"),
+        (chat(temperature="hot"), "temperature", "invalid_value"),
+        (chat(temperature=-0.5), "temperature", "invalid_value"),
+        (chat(temperature=True), "temperature", "invalid_value"),
+        (chat(top_p=1.5), "top_p", "invalid_value"),
+        (chat(max_tokens=0), "max_tokens", "invalid_value"),
+        (chat(max_tokens=2.5), "max_tokens", "invalid_value"),
+        (chat(max_completion_tokens=-3), "max_completion_tokens", "invalid_value"),
+        (chat(n=0), "n", "invalid_value"),
+        (chat(n=2), "n", "unsupported_parameter"),
+        (chat(stop=[1, 2]), "stop", "invalid_value"),
+        (chat(stop=[""]), "stop", None),
+        (chat(presence_penalty=3), "presence_penalty", "invalid_value"),
+        (chat(logit_bias={"5": "x"}), "logit_bias", "invalid_value"),
+        (chat(stream="yes"), "stream", "invalid_value"),
+        (chat(stream_options={"include_usage": True}), "stream_options", None),
+        (chat(logprobs=True), "logprobs", "unsupported_parameter"),
+        (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "unsupported_parameter"),
+        (chat(response_format={"type": "json_object"}), "response_format", "unsupported_parameter"),
+        (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0].content[0]",
+         "unsupported_parameter"),
+        (chat(seed="x"), "seed", "invalid_value"),
+        (chat(top_k=-5), "top_k", "invalid_value"),
+    ],
+)
+def test_chat_rejections(raw: bytes, param: str | None, code: str | None) -> None:
+    with pytest.raises(APIError) as info:
+        parse_request(raw, ChatCompletionRequest)
+    err = info.value
+    assert err.status == 400 and err.type == "invalid_request_error"
+    assert err.param == param
+    assert err.code == code
+    assert err.body()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (json.dumps({"model": "m"}).encode(), "prompt"),
+        (completion(prompt=""), "prompt"),
+        (completion(prompt=["a", "b"]), "prompt"),
+        (completion(prompt=[1, "a"]), "prompt"),
+        (completion(echo=True), "echo"),
+        (completion(best_of=3), "best_of"),
+        (completion(suffix="tail"), "suffix"),
+        (completion(logprobs=2), "logprobs"),
+    ],
+)
+def test_completion_rejections(raw: bytes, param: str) -> None:
+    with pytest.raises(APIError) as info:
+        parse_request(raw, CompletionRequest)
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_accepts_openai_and_extra_fields() -> None:
+    req = parse_request(
+        chat(temperature=0, top_p=0.9, seed=3, stop="x", n=1, user="u", metadata={"a": 1}, unknown_field=[1],
+             stream=True, stream_options={"include_usage": True}, top_k=40, min_p=0.05, tool_choice="none",
+             tools=[], response_format={"type": "text"}, logprobs=False,
+             messages=[{"role": "system", "content": "s"},
+                       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                       {"role": "assistant", "content": None}]),
+        ChatCompletionRequest,
+    )
+    assert isinstance(req, ChatCompletionRequest) and req.temperature == 0.0 and req.top_k == 40
+    for prompt in ("x", [1, 2], ["x"], [[1, 2]]):
+        assert parse_request(completion(prompt=prompt), CompletionRequest).prompt == prompt
+
+
+def test_error_param_drops_union_tags() -> None:
+    assert error_param(("messages", 0, "role")) == "messages[0].role"
+    assert error_param(("stop", "list[str]", 0)) == "stop[0]"
+    assert error_param(("temperature",)) == "temperature"
