@@ -81,16 +81,31 @@ def score_tree(ctx: StepContext, tree: Tree) -> torch.Tensor:
 
 
 def judge(ctx: StepContext, seq: Sequence, tree: Tree, logits: torch.Tensor) -> Verdict:
-    params = seq.params
+    include_root = len(seq.token_ids) > seq.prompt_len
+    return verify_step(tree, logits, seq.params, seq.output_counts, seq.prompt_mask, include_root, seq.generator)
+
+
+def verify_step(
+    tree: Tree,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    output_counts: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    include_root: bool,
+    generator: torch.Generator,
+) -> Verdict:
+    """Process every node's logits from its own path, then verify. Pure: tensors in, verdict out.
+
+    logits: [n, vocab] raw target logits; output_counts: [vocab] generated tokens before the root;
+    include_root: the root is a generated token (not the prompt's last), so penalties count it."""
     counts = None
-    if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
-        include_root = len(seq.token_ids) > seq.prompt_len
-        counts = seq.output_counts[None] + path_token_counts(tree, logits.shape[1], include_root)
-    processed = process_logits(logits, params, counts, seq.prompt_mask)
+    if params.uses_penalties:
+        counts = output_counts[None] + path_token_counts(tree, logits.shape[1], include_root)
+    processed = process_logits(logits, params, counts, prompt_mask)
     if tree.draft_probs is not None and not params.greedy:
         tree.draft_probs = align_vocab(tree.draft_probs, processed.shape[1])
-        return verify_specinfer(tree, processed, seq.generator)
-    return verify_tree(tree, processed, params.greedy, seq.generator)
+        return verify_specinfer(tree, processed, generator)
+    return verify_tree(tree, processed, params.greedy, generator)
 
 
 def align_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
