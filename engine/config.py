@@ -7,7 +7,11 @@ Every field maps 1:1 to a CLI flag (`--field-name`) and to a key of a configs/ T
 from __future__ import annotations
 
 import dataclasses
+import os
+import types
+import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 Method = Literal["specexec", "specinfer", "autoregressive"]
@@ -119,12 +123,32 @@ class EngineConfig:
         return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
 
 
+def _fits(value: object, hint: object) -> bool:
+    """Whether a TOML or flag value has a field's type (a bool is no int; an int is a float)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return any(type(value) is type(arg) and value == arg for arg in args)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if origin is tuple:  # tuple[X, ...]: TOML gives a list
+        return isinstance(value, (tuple, list)) and all(_fits(item, args[0]) for item in value)
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        return isinstance(value, (int, hint)) and not isinstance(value, bool)
+    return isinstance(value, origin or hint)
+
+
 def build_section(cls: type, values: dict, section: str, source: str | None = None):
     """Construct dataclass `cls` from a dict, with errors naming the file and the field."""
     names = {f.name for f in dataclasses.fields(cls)}
-    for key in values:
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
         if key not in names:
             raise ConfigError(f"{section}.{key}", f"unknown field (known: {', '.join(sorted(names))})", source)
+        if not _fits(value, hints[key]):
+            expected = cls.__annotations__[key]
+            raise ConfigError(f"{section}.{key}", f"must be {expected}, got {value!r}", source)
     try:
         return cls(**values)
     except ConfigError as exc:
@@ -155,7 +179,28 @@ def read_config_file(path: str) -> dict[str, dict]:
     for section, values in data.items():
         if section not in (*SECTIONS, "server") or not isinstance(values, dict):
             raise ConfigError(section, f"unknown section (known: {', '.join([*SECTIONS, 'server'])})", path)
+    resolve_relative_paths(data, Path(path).resolve().parent)
     return data
+
+
+PATH_FIELDS = {"model": ("target", "draft"), "server": ("chat_template",)}
+
+
+def resolve_relative_paths(data: dict[str, dict], config_dir: Path) -> None:
+    """A relative path in a config file means next to the file if it exists there, else the current dir.
+
+    Hub-id-shaped values (`org/name`) are relative paths too: they are never downloaded."""
+    for section, names in PATH_FIELDS.items():
+        values = data.get(section, {})
+        for name in names:
+            value = values.get(name)
+            if not isinstance(value, str) or not value:
+                continue  # wrong types are reported by build_section, naming the field
+            path = Path(value).expanduser()
+            if not path.is_absolute():
+                beside = Path(os.path.normpath(config_dir / path))
+                path = beside if beside.exists() else path
+            values[name] = str(path)
 
 
 def engine_config_from(

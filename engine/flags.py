@@ -75,4 +75,7 @@ def check_paths(config: EngineConfig) -> None:
         if path and not Path(path).is_dir():
             if role == "draft" and config.speculation.method == "autoregressive":
                 continue
-            raise CliError(f"--{role} {path}: no such model folder")
+            raise CliError(
+                f"--{role} {path}: no such model folder. The server never downloads weights: fetch them first "
+                f"(e.g. `hf download <repo id> --local-dir <folder>`) and point --{role} or model.{role} at the folder"
+            )

@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q "$@"
+# Two workers (one torch thread each) on the 2-core machines; files stay whole per worker.
+.venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"
