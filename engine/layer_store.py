@@ -1,0 +1,155 @@
+"""Layer layouts and the RAM tier: where a streamed decoder layer's bytes live between passes.
+
+Every streamed layer has a `LayerLayout`: its tensors (parameters, then buffers, in named order)
+at fixed offsets of one flat uint8 buffer, packed at ALIGN-byte offsets (or, on the disk tier,
+mirroring the file). A store and every ring slot share the layer's layout, so moving a layer is one
+contiguous copy, and binding a module to a buffer is pointing each tensor at a view of it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.device import empty_host
+
+ALIGN = 256  # bytes; every tensor view starts at a multiple (vectorised kernels, CUDA alignment)
+
+
+class OffloadError(RuntimeError):
+    """Streaming the target's layers failed: a read or copy error, a bad layout, not enough memory."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str  # relative to the layer, e.g. "self_attn.q_proj.weight"
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    offset: int  # bytes into the layer buffer: a multiple of ALIGN (packed) or of the dtype size (file)
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    entries: tuple[TensorEntry, ...]
+    nbytes: int  # buffer size: a multiple of ALIGN (packed) or of PAGE (mirroring the file)
+
+
+def layer_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters then buffers of one layer, by name relative to it."""
+    tensors = {name: param for name, param in module.named_parameters()}
+    tensors.update({name: buf for name, buf in module.named_buffers()})
+    return tensors
+
+
+def layout_of(module: nn.Module) -> LayerLayout:
+    entries: list[TensorEntry] = []
+    offset = 0
+    for name, tensor in layer_tensors(module).items():
+        nbytes = tensor.numel() * tensor.element_size()
+        entries.append(TensorEntry(name, tuple(tensor.shape), tensor.dtype, offset, nbytes))
+        offset += -(-nbytes // ALIGN) * ALIGN
+    return LayerLayout(tuple(entries), max(offset, ALIGN))
+
+
+def views(buffer: torch.Tensor, layout: LayerLayout) -> list[torch.Tensor]:
+    """Typed views into `buffer` (flat uint8, >= layout.nbytes), in layout order."""
+    return [buffer[e.offset : e.offset + e.nbytes].view(e.dtype).view(e.shape) for e in layout.entries]
+
+
+def placeholders(layout: LayerLayout) -> list[torch.Tensor]:
+    """Right shape and dtype, one element of storage (stride 0): a layer whose bytes are elsewhere."""
+    return [torch.zeros((), dtype=e.dtype).expand(e.shape) for e in layout.entries]
+
+
+class LayerBinding:
+    """Points one layer module's tensors at given tensors (ring slot views, host views, placeholders)."""
+
+    def __init__(self, module: nn.Module, layout: LayerLayout):
+        self.module = module
+        self.targets: list[tuple[nn.Module, str, bool]] = []  # (owner, attribute, is_parameter)
+        for entry in layout.entries:
+            owner_name, _, leaf = entry.name.rpartition(".")
+            owner = module.get_submodule(owner_name)
+            self.targets.append((owner, leaf, leaf in owner._parameters))
+
+    def bind(self, tensors: list[torch.Tensor]) -> None:
+        for (owner, leaf, is_param), tensor in zip(self.targets, tensors, strict=True):
+            if is_param:
+                owner._parameters[leaf].data = tensor
+            else:
+                owner._buffers[leaf] = tensor
+
+    def data_ptrs(self) -> list[int]:
+        return [getattr(owner, leaf).data_ptr() for owner, leaf, _ in self.targets]
+
+
+def host_memory_available() -> int:
+    """Bytes the host can still allocate (MemAvailable on Linux: free memory plus reclaimable cache)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def file_mapped_ranges() -> list[tuple[int, int]]:
+    """Address ranges of this process mapped from files (Linux; empty elsewhere)."""
+    ranges = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].startswith("/"):
+                    lo, hi = fields[0].split("-")
+                    ranges.append((int(lo, 16), int(hi, 16)))
+    except OSError:
+        pass
+    return ranges
+
+
+def anonymous_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of host tensors that are not memory-mapped from a file (freeing them frees RAM)."""
+    mapped = file_mapped_ranges()
+    total = 0
+    for tensor in tensors:
+        ptr = tensor.data_ptr()
+        if tensor.device.type == "cpu" and not any(lo <= ptr < hi for lo, hi in mapped):
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+class RamStore:
+    """Each streamed layer in one contiguous host buffer (pinned with CUDA); at rest the module's
+    tensors are views into it (the separate host copies they had before are freed)."""
+
+    source = "ram"
+
+    def __init__(self, modules: dict[int, nn.Module], layouts: dict[int, LayerLayout]):
+        self.layouts = layouts
+        self.buffers: dict[int, torch.Tensor] = {}  # layer idx -> [layout.nbytes] uint8
+        self.rest: dict[int, list[torch.Tensor]] = {}
+        for idx, module in modules.items():
+            layout = layouts[idx]
+            try:
+                buffer = empty_host(layout.nbytes)
+            except RuntimeError as exc:
+                raise OffloadError(
+                    f"cannot allocate {layout.nbytes:,} bytes of host memory for target layer {idx} "
+                    f"({host_memory_available():,} available): {exc}"
+                ) from exc
+            host_views = views(buffer, layout)
+            for view, tensor in zip(host_views, layer_tensors(module).values(), strict=True):
+                view.copy_(tensor)
+            LayerBinding(module, layout).bind(host_views)
+            self.buffers[idx] = buffer
+            self.rest[idx] = host_views
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,389 @@
+"""Offloaded target: streamed layers (RAM or disk source, through the device ring) give the resident
+target's logits exactly, greedy generation is unchanged, the ring bounds what is materialised, the
+loader thread overlaps compute, and failures are loud."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import build_model, make_tiny_pair
+from transformers import AutoModelForCausalLM
+
+from engine import checkpoint, offload
+from engine.config import ConfigError, EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
+from engine.disk_store import open_direct
+from engine.engine import Engine
+from engine.layer_ring import LayerStreamer
+from engine.layer_store import OffloadError, RamStore
+from engine.model import DecoderRunner
+from engine.offload import build_offloaded_runner, plan_resident
+from engine.tree import causal_mask, prefix_tree_mask
+from engine.types import SamplingParams
+
+ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
+NUM_LAYERS = 4
+CPU = torch.device("cpu")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    cache: dict[str, tuple[str, str]] = {}
+
+    def get(arch: str) -> tuple[str, str]:
+        if arch not in cache:
+            folder = tmp_path_factory.mktemp(arch)
+            target, draft = make_tiny_pair(folder, arch=arch, draft="noisy", seed=3, layers=NUM_LAYERS)
+            cache[arch] = (str(target), str(draft))
+        return cache[arch]
+
+    return get
+
+
+def streamed_runner(target: str, device: torch.device = CPU, **offload_fields) -> DecoderRunner:
+    cfg = EngineConfig(
+        model=ModelConfig(target=target), offload=OffloadConfig(enabled=True, **offload_fields)
+    )
+    return build_offloaded_runner(checkpoint.load_model(target, torch.float32), cfg, device)
+
+
+def run_passes(runner: DecoderRunner, device: torch.device = CPU) -> list[torch.Tensor]:
+    """A prefill pass over 9 prompt tokens, then a tree pass (7 nodes) on top; logits of both."""
+    gen = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(3, runner.vocab_size, (9,), generator=gen).to(device)
+    cache = runner.new_cache(32)
+    prefill = runner.forward(prompt_ids, torch.arange(9, device=device), cache, 0, causal_mask(9, 0, device))
+    cache.length = 9
+    parents = [-1, 0, 0, 1, 1, 2, 4]  # node i's parent; depth grows along each path
+    depths = torch.tensor([0, 1, 1, 2, 2, 2, 3], device=device)
+    ancestors = torch.eye(7, dtype=torch.bool)
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            ancestors[node] |= ancestors[parent]
+    tree_ids = torch.randint(3, runner.vocab_size, (7,), generator=gen).to(device)
+    mask = prefix_tree_mask(ancestors.to(device), 9)
+    tree = runner.forward(tree_ids, 9 + depths, cache, 9, mask)
+    return [prefill, tree]
+
+
+def assert_same_logits(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert (g.cpu() - w.cpu()).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("source", ["ram", "disk"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_streamed_logits_equal_resident(pairs, arch, source):
+    target, _ = pairs(arch)
+    want = run_passes(DecoderRunner(checkpoint.load_model(target, torch.float32)))
+    for resident, ring in ((0, 2), (1, 3)):
+        runner = streamed_runner(target, source=source, resident_layers=resident, ring_size=ring)
+        try:
+            assert isinstance(runner.layers, LayerStreamer)
+            assert len(runner.layers.streamed) == NUM_LAYERS - resident
+            assert_same_logits(run_passes(runner), want)
+            assert_same_logits(run_passes(runner), want)  # the ring wrapped into the next passes
+        finally:
+            runner.layers.close()
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("source", ["ram", "disk"])
+def test_streamed_logits_equal_resident_cuda(pairs, source):
+    target, _ = pairs("llama")
+    device = torch.device("cuda")
+    want = run_passes(DecoderRunner(checkpoint.load_model(target, torch.float32, device)), device)
+    runner = streamed_runner(target, device, source=source, resident_layers=1)
+    try:
+        assert all(buf.is_pinned() for buf in getattr(runner.layers.store, "buffers", {}).values())
+        assert_same_logits(run_passes(runner, device), want)
+        assert_same_logits(run_passes(runner, device), want)
+    finally:
+        runner.layers.close()
+
+
+def reference_greedy(target: str, prompt: list[int], num_tokens: int) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize(("arch", "source"), [(a, s) for a in ARCHS for s in ("ram", "disk")])
+def test_greedy_generation_with_offload_equals_target_alone(pairs, arch, source):
+    target, draft = pairs(arch)
+    prompt = [5, 17, 42, 9, 77, 130, 64]
+    want = reference_greedy(target, prompt, 24)
+    config = EngineConfig(
+        model=ModelConfig(target=target, draft=draft),
+        speculation=SpeculationConfig(budget=16),
+        offload=OffloadConfig(enabled=True, source=source, resident_layers=1),
+    )
+    engine = Engine.load(config)
+    try:
+        got = engine.generate_ids(prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    finally:
+        engine.pair.target.layers.close()
+    assert got == want
+
+
+class Recorder:
+    """Instrumentation: the streamer's events in one global order, plus checks run during compute."""
+
+    def __init__(self, streamer: LayerStreamer, block_until_next_load: bool = False):
+        self.streamer = streamer
+        self.trace: list[tuple[str, int, int]] = []  # (event, layer, slot), in happening order
+        self.block = block_until_next_load
+        self.cond = threading.Condition()
+        self.loads_started = 0
+        self.uses = 0
+        self.overlapped: list[bool] = []
+        self.bound_to_ring: list[int] = []  # per compute: streamed layers whose tensors live in the ring
+        streamer.instrument(self.on_event)  # from the first load on
+
+    def on_event(self, event: str, idx: int, slot: int) -> None:
+        with self.cond:
+            self.trace.append((event, idx, slot))
+            if event == "load_start":
+                self.loads_started += 1
+                self.cond.notify_all()
+        if event == "compute_start":
+            self.bound_to_ring.append(self.count_bound_to_ring())
+            use, self.uses = self.uses, self.uses + 1
+            if self.block:  # compute of use k does not end before load k + 1 starts
+                with self.cond:
+                    ok = self.cond.wait_for(lambda: self.loads_started >= use + 2, timeout=30)
+                self.overlapped.append(ok)
+
+    def count_bound_to_ring(self) -> int:
+        ranges = [(buf.data_ptr(), buf.data_ptr() + buf.numel()) for buf in self.streamer.ring]
+        bound = 0
+        for binding in self.streamer.bindings.values():
+            ptrs = binding.data_ptrs()
+            bound += any(lo <= p < hi for p in ptrs for lo, hi in ranges)
+        return bound
+
+
+@pytest.mark.parametrize(("ring", "resident"), [(2, 0), (3, 1)])
+def test_at_most_ring_size_layers_materialised(pairs, ring, resident):
+    target, _ = pairs("qwen2")
+    runner = streamed_runner(target, source="disk", resident_layers=resident, ring_size=ring)
+    streamer = runner.layers
+    recorder = Recorder(streamer)
+    try:
+        for _ in range(3):
+            run_passes(runner)
+    finally:
+        streamer.close()
+    assert len(streamer.ring) == ring  # the only device memory streamed layers ever use
+    assert recorder.bound_to_ring == [1] * (6 * (NUM_LAYERS - resident))  # only the computing layer
+    occupied: dict[int, int] = {}  # slot -> layer whose bytes it holds (loading, loaded or in use)
+    peak = 0
+    for event, idx, slot in recorder.trace:
+        if event == "load_start":
+            assert slot not in occupied, "a slot was overwritten before its layer was released"
+            occupied[slot] = idx
+        elif event == "compute_start":
+            assert occupied.get(slot) == idx
+        elif event == "release":
+            assert occupied.pop(slot) == idx
+        peak = max(peak, len(occupied))
+    assert peak == ring
+
+
+def test_prefetch_overlaps_compute_and_wraps_across_passes(pairs):
+    target, _ = pairs("llama")
+    runner = streamed_runner(target, source="ram", ring_size=2)
+    recorder = Recorder(runner.layers, block_until_next_load=True)
+    try:
+        run_passes(runner)
+    finally:
+        runner.layers.close()
+    assert recorder.overlapped == [True] * (2 * NUM_LAYERS)
+    loads = [i for i, (event, _, _) in enumerate(recorder.trace) if event == "load_start"]
+    releases = [i for i, (event, _, _) in enumerate(recorder.trace) if event == "release"]
+    for use, end in enumerate(releases):
+        assert loads[use + 1] < end  # layer i+1's load began before layer i's compute ended
+    last_pass_end = releases[-1]
+    next_first = recorder.trace[loads[len(releases)]]
+    assert next_first[1] == 0 and loads[len(releases)] < last_pass_end  # next pass's layer 0 is on its way
+
+
+def test_ram_store_params_are_views_into_one_buffer_per_layer(pairs):
+    target, _ = pairs("mixtral")
+    runner = streamed_runner(target, source="ram", resident_layers=2)
+    store = runner.layers.store
+    try:
+        assert isinstance(store, RamStore)
+        assert sorted(store.buffers) == [1, 3]  # resident layers 0 and 2 are spread evenly
+        for idx, buffer in store.buffers.items():
+            lo, hi = buffer.data_ptr(), buffer.data_ptr() + buffer.numel()
+            assert all(lo <= p < hi for p in runner.layers.bindings[idx].data_ptrs())
+            assert buffer.is_pinned() == torch.cuda.is_available()
+    finally:
+        runner.layers.close()
+
+
+class ReadRedirect:
+    """Points the disk store's descriptors for `path` at another file (the checkpoint stays intact:
+    transformers may have it memory-mapped), and back."""
+
+    def __init__(self, store, path: str):
+        self.fds = [fd for fd in (store.fds[path], store.direct_fds.get(path)) if fd is not None]
+        self.saved = [os.dup(fd) for fd in self.fds]
+
+    def redirect(self, other: Path) -> None:
+        other_fd = os.open(other, os.O_RDONLY)
+        for fd in self.fds:
+            os.dup2(other_fd, fd)
+        os.close(other_fd)
+
+    def restore(self) -> None:
+        for fd, saved in zip(self.fds, self.saved, strict=True):
+            os.dup2(saved, fd)
+
+    def close(self) -> None:
+        for saved in self.saved:
+            os.close(saved)
+
+
+def test_disk_read_error_stops_the_pass_and_the_next_pass_recovers(pairs, tmp_path):
+    target, _ = pairs("llama")
+    want = run_passes(DecoderRunner(checkpoint.load_model(target, torch.float32)))
+    weights = str(Path(target) / "model.safetensors")
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(Path(weights).read_bytes()[:4096])
+    runner = streamed_runner(target, source="disk", ring_size=2)
+    reads = ReadRedirect(runner.layers.store, weights)
+    try:
+        run_passes(runner)
+        reads.redirect(short)  # the store's reads now hit end of file
+        with pytest.raises(OffloadError, match="unexpected end of file") as info:
+            run_passes(runner)
+        assert "target layer" in str(info.value) and weights in str(info.value)
+        reads.restore()
+        assert_same_logits(run_passes(runner), want)
+    finally:
+        reads.close()
+        runner.layers.close()
+
+
+def test_failed_prefetch_for_the_next_pass_is_raised_by_that_pass(pairs, tmp_path):
+    target, _ = pairs("qwen2")
+    want = run_passes(DecoderRunner(checkpoint.load_model(target, torch.float32)))
+    (tmp_path / "empty").write_bytes(b"")
+    runner = streamed_runner(target, source="disk", ring_size=2)
+    streamer = runner.layers
+    reads = ReadRedirect(streamer.store, str(Path(target) / "model.safetensors"))
+    loads_done = []
+
+    def break_reads_after_first_pass(event: str, idx: int, slot: int) -> None:
+        if event == "load_end":
+            loads_done.append(idx)
+            if len(loads_done) == NUM_LAYERS:  # in the loader thread, before the next pass's loads
+                reads.redirect(tmp_path / "empty")
+
+    streamer.instrument(break_reads_after_first_pass)
+    try:
+        # The prefill pass completes; the tree pass raises: at begin_pass if the failed prefetch of
+        # its layer 0 is already known, else when it needs layer 0.
+        with pytest.raises(OffloadError, match="loading target layer 0 from disk failed"):
+            run_passes(runner)
+        streamer.on_event = None
+        reads.restore()
+        assert_same_logits(run_passes(runner), want)
+    finally:
+        reads.close()
+        streamer.close()
+
+
+@pytest.mark.parametrize("evict", [True, False])
+def test_disk_reads_whole_layer_spans_into_a_file_mirroring_layout(pairs, evict):
+    target, _ = pairs("llama")
+    want = run_passes(DecoderRunner(checkpoint.load_model(target, torch.float32)))
+    runner = streamed_runner(target, source="disk", evict_page_cache=evict)
+    store = runner.layers.store
+    try:
+        assert sorted(store.spans) == list(range(NUM_LAYERS))  # one read per layer
+        direct = any(fd is not None for fd in store.direct_fds.values())
+        probe = open_direct(str(Path(target) / "model.safetensors"))
+        supported = probe is not None
+        if probe is not None:
+            os.close(probe)
+        assert direct == (evict and supported)  # O_DIRECT when serving without the page cache
+        assert_same_logits(run_passes(runner), want)
+    finally:
+        runner.layers.close()
+
+
+def test_disk_source_converts_dtype_and_reads_sharded_checkpoints(tmp_path):
+    model = build_model("mixtral", 320, seed=5, layers=NUM_LAYERS)
+    folder = tmp_path / "fp16-sharded"
+    model.half().save_pretrained(folder, max_shard_size="200KB")  # float16 on disk, several files
+    assert len(list(folder.glob("*.safetensors"))) > 1
+    want = run_passes(DecoderRunner(checkpoint.load_model(str(folder), torch.float32)))
+    runner = streamed_runner(str(folder), source="disk", resident_layers=1)
+    try:
+        store = runner.layers.store
+        assert not store.spans and any(p.src_dtype == torch.float16 for p in store.plans[1])  # pieces
+        assert_same_logits(run_passes(runner), want)
+    finally:
+        runner.layers.close()
+
+
+def test_compute_error_mid_pass_resynchronises_the_ring(pairs):
+    target, _ = pairs("mistral")
+    want = run_passes(DecoderRunner(checkpoint.load_model(target, torch.float32)))
+    runner = streamed_runner(target, source="ram", ring_size=2)
+    layer = runner.hf_layers[1]
+
+    def fail(*_args):
+        raise RuntimeError("injected compute failure")
+
+    handle = layer.input_layernorm.register_forward_pre_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            run_passes(runner)
+        handle.remove()
+        assert_same_logits(run_passes(runner), want)
+    finally:
+        runner.layers.close()
+
+
+def test_not_enough_host_memory_fails_at_load_with_bytes(pairs, monkeypatch):
+    target, _ = pairs("llama")
+    monkeypatch.setattr(offload, "host_memory_available", lambda: 1000)
+    with pytest.raises(OffloadError, match=r"needs [\d,]+ bytes, [\d,]+ available"):
+        streamed_runner(target, source="ram")
+
+
+def test_disk_layout_mismatch_is_caught_at_load(pairs):
+    target, _ = pairs("qwen2")
+    model = checkpoint.load_model(target, torch.float32)
+    model.model.layers[0].mlp.down_proj.weight.data.mul_(2)
+    cfg = EngineConfig(model=ModelConfig(target=target), offload=OffloadConfig(enabled=True, source="disk"))
+    with pytest.raises(OffloadError, match="mlp.down_proj.weight .* differs"):
+        build_offloaded_runner(model, cfg, CPU)
+
+
+def test_planner_fits_layers_and_ring_in_gpu_memory():
+    layer = 10**8  # bytes per layer, 0.1 GB
+    plan = lambda **kw: plan_resident([layer] * 8, OffloadConfig(enabled=True, **kw))  # noqa: E731
+    assert plan() == []
+    assert plan(gpu_memory=0.8) == list(range(8))  # everything fits: no ring needed
+    assert plan(gpu_memory=0.6) == [0, 2, 4, 6]  # 4 resident + 2 ring buffers
+    assert plan(gpu_memory=0.6, ring_size=3) == [0, 2, 5]
+    assert plan(resident_layers=2) == [0, 4]
+    assert plan(resident_layers=20) == list(range(8))
+    with pytest.raises(
+        ConfigError, match="offload.gpu_memory: .* cannot hold 0 resident layers plus a ring of 2"
+    ):
+        plan(gpu_memory=0.15)
+    with pytest.raises(ConfigError, match="cannot hold 5 resident"):
+        plan(gpu_memory=0.6, resident_layers=5)
