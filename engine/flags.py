@@ -24,6 +24,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type]] = {
     "--offload-source": ("offload", "source", str),
     "--resident-layers": ("offload", "resident_layers", int),
     "--gpu-memory": ("offload", "gpu_memory", float),
+    "--ring-size": ("offload", "ring_size", int),
     "--max-context": ("limits", "max_context", int),
     "--max-queue": ("limits", "max_queue", int),
 }

@@ -54,7 +54,7 @@ def add_optional_commands(sub: argparse._SubParsersAction) -> None:
 
     for name, module, help_text in (
         ("build-default", "engine.build_default", "train the built-in default model pair"),
-        ("bench", "engine.bench", "benchmark autoregressive vs SpecInfer vs SpecExec"),
+        ("bench", "engine.bench", "benchmark autoregressive vs SpecInfer vs SpecExec (`bench offload`: streaming)"),
     ):
         try:
             mod = importlib.import_module(module)
@@ -65,15 +65,30 @@ def add_optional_commands(sub: argparse._SubParsersAction) -> None:
         cmd.set_defaults(func=mod.run)
 
 
+def bench_offload_parser() -> argparse.ArgumentParser:
+    from engine import bench_offload  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(
+        prog="specexec bench offload", description="pass time resident vs streamed (ram, disk) and GB/s"
+    )
+    bench_offload.add_arguments(parser)
+    parser.set_defaults(func=bench_offload.run)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["bench", "offload"]:
+        args = bench_offload_parser().parse_args(argv[2:])
+    else:
+        args = build_parser().parse_args(argv)
     from engine.checkpoint import CheckpointError  # noqa: PLC0415
+    from engine.layer_store import OffloadError  # noqa: PLC0415
     from engine.types import ContextLengthError  # noqa: PLC0415
 
     try:
         return int(args.func(args) or 0)
-    except (CliError, ConfigError, CheckpointError, ContextLengthError) as exc:
+    except (CliError, ConfigError, CheckpointError, ContextLengthError, OffloadError) as exc:
         print(f"specexec: error: {exc}", file=sys.stderr)
         return 2
 
