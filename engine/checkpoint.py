@@ -43,22 +43,31 @@ def read_config(path: str) -> dict:
     archs = config.get("architectures") or []
     if not any(arch in SUPPORTED_ARCHS for arch in archs):
         raise CheckpointError(f"{path}: architecture {archs} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+    from engine import quant  # noqa: PLC0415  (quant imports CheckpointError from here)
+
+    quant.check_loadable(path, config)
     return config
 
 
 def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
     """Load weights on `device` (host by default: the offload planner moves what is resident)."""
-    read_config(path)
+    from engine import quant  # noqa: PLC0415  (quant imports CheckpointError from here)
+
+    config = read_config(path)
+    quantized = quant.quant_method(config) is not None
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        extra = quant.load_kwargs(config) if quantized else {}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot load weights: {exc}") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
+    if quantized:
+        quant.make_streamable(model)  # packed buffers only: resident and streamed layers run the same
     return model.to(device).eval().requires_grad_(False)
 
 

@@ -148,6 +148,11 @@ def check_disk_layout(store: DiskStore, streamed: dict[int, nn.Module]) -> None:
 def build_offloaded_runner(model: nn.Module, config: EngineConfig, device: torch.device) -> DecoderRunner:
     """A DecoderRunner whose non-resident decoder layers stream from host RAM or disk."""
     cfg = config.offload
+    if cfg.source == "disk" and getattr(model.config, "quantization_config", None) is not None:
+        raise OffloadError(
+            "offload.source: a quantized target streams from RAM only for now "
+            "(its packed tensors differ from the checkpoint's bytes); use --offload-source ram"
+        )
     layers = list(model.model.layers)
     all_layouts = [layout_of(layer) for layer in layers]
     resident = set(plan_resident([layout.nbytes for layout in all_layouts], cfg))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from engine.config import ConfigError
@@ -76,7 +77,14 @@ def bench_offload_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_optional_imports() -> None:
+    """torchao (pulled in by the gptq extra) logs import-time notices to stderr."""
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_optional_imports()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:2] == ["bench", "offload"]:
         args = bench_offload_parser().parse_args(argv[2:])

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from tiny_models import build_tokenizer, make_tiny_pair
 
 from engine.checkpoint import VocabMismatchError

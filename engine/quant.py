@@ -1,0 +1,131 @@
+"""Quantized checkpoints (GPTQ): detection, the optional `gptq` extra, loading, streamable kernels.
+
+A checkpoint is quantized when its config.json has a `quantization_config`. GPTQ checkpoints load
+through transformers + optimum + gptqmodel (`pip install 'specexec-server[gptq]'`); auto-gptq no
+longer imports with transformers 5 and is not used.
+
+Loading selects gptqmodel's plain torch kernel (TorchLinear): its packed tensors (qweight, qzeros,
+scales, g_idx, bias, and the non-persistent wf shift tables) are registered buffers, and it
+dequantises inside forward, one projection at a time, on whatever device the buffers are on. The
+offload layout covers parameters and buffers, so a streamed quantized layer moves in packed form
+(4-bit, group 128: 3.8x fewer bytes than fp16) and is never dequantised into a host copy. Kernels
+that repack
+their buffers on first use (gptqmodel's CPU default, TorchAtenLinear, rewrites qweight into a new
+shape and keeps `scales_and_zeros` as a plain attribute) cannot stream and are not selected.
+
+`make_streamable` removes the torch kernel's per-module state that would outlive a call:
+decoded-zeros and g_idx caches (derived tensors that would stay on the device for every streamed
+layer), the g_idx move to the host, and the per-module torch.compile of the dequantiser (on CPU
+its first pass took ~10 s for two layers and later passes were no faster than eager).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import nn
+
+from engine.checkpoint import CheckpointError
+
+SUPPORTED_METHODS = ("gptq",)
+GPTQ_MODULES = ("optimum", "gptqmodel")  # transformers' GPTQ path needs both
+GPTQ_PIP = "pip install 'specexec-server[gptq]'"
+GPTQ_PIP_SOURCE = "pip install -e '.[gptq]'"
+GPTQ_BACKEND = "torch"  # gptqmodel TorchLinear: buffers only, dequantises per call, any device
+
+
+def quant_method(config: dict) -> str | None:
+    """The checkpoint's quantization method (lower case), or None for a plain checkpoint."""
+    quant = config.get("quantization_config")
+    if not quant:
+        return None
+    return str(quant.get("quant_method") or "unknown").lower()
+
+
+def missing_modules(names: tuple[str, ...] = GPTQ_MODULES) -> list[str]:
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
+def check_loadable(path: str, config: dict) -> str | None:
+    """Raise CheckpointError unless this install can load `config`'s quantization; returns the method."""
+    method = quant_method(config)
+    if method is None:
+        return None
+    if method not in SUPPORTED_METHODS:
+        raise CheckpointError(
+            f"{path}: quantization method {method!r} is not supported; supported: {', '.join(SUPPORTED_METHODS)}"
+        )
+    missing = missing_modules()
+    if missing:
+        bits = config["quantization_config"].get("bits", "?")
+        raise CheckpointError(
+            f"{path} is a GPTQ {bits}-bit checkpoint; loading it needs the optional 'gptq' extra "
+            f"({', '.join(missing)} not installed). Install it with:\n"
+            f"    {GPTQ_PIP}\n"
+            f"or, from a source checkout:\n"
+            f"    {GPTQ_PIP_SOURCE}"
+        )
+    return method
+
+
+def load_kwargs(config: dict) -> dict:
+    """Extra from_pretrained arguments for a quantized checkpoint (only the kernel choice overrides
+    the checkpoint's own quantization_config)."""
+    from transformers import GPTQConfig  # noqa: PLC0415
+
+    bits = int(config["quantization_config"].get("bits", 4))
+    return {"quantization_config": GPTQConfig(bits=bits, backend=GPTQ_BACKEND)}
+
+
+def quantized_modules(module: nn.Module) -> dict[str, nn.Module]:
+    """Submodules (by name relative to `module`) that hold packed quantized weights."""
+    return {name: sub for name, sub in module.named_modules() if getattr(sub, "qweight", None) is not None}
+
+
+def unregistered_tensors(module: nn.Module) -> list[str]:
+    """Tensors kept as plain attributes (not parameters or buffers) anywhere under `module`.
+
+    The layer streamer only moves parameters and buffers: such a tensor would stay where it was
+    made (the host, or the device for every streamed layer at once)."""
+    found = []
+    for name, sub in module.named_modules():
+        for attr, value in vars(sub).items():
+            if attr in ("_parameters", "_buffers"):
+                continue
+            values = value.values() if isinstance(value, dict) else [value]
+            if any(isinstance(v, torch.Tensor) for v in values):
+                found.append(f"{name}.{attr}" if name else attr)
+    return found
+
+
+def _reset_derived_state(module: nn.Module, _args: tuple, _output: torch.Tensor) -> None:
+    module._stream_reset_cache()
+
+
+def make_streamable(model: nn.Module) -> None:
+    """Make every quantized decoder-layer module stateless between calls (see the module doc)."""
+    for idx, layer in enumerate(model.model.layers):
+        for name, sub in quantized_modules(layer).items():
+            if not all(
+                hasattr(sub, a) for a in ("_stream_reset_cache", "enable_weight_cache", "enable_lookahead")
+            ):
+                raise CheckpointError(
+                    f"decoder layer {idx} {name}: quantized kernel {type(sub).__name__} is not supported "
+                    f"(expected gptqmodel's torch kernel, backend={GPTQ_BACKEND!r})"
+                )
+            sub.__dict__.pop("dequantize_weight", None)  # the class's eager dequantiser, not a compiled copy
+            sub.enable_weight_cache(False)  # GPTQ_TORCH_CACHE_WEIGHTS=1 would keep dequantised weights
+            sub.enable_lookahead(False)  # GPTQ_TORCH_LOOKAHEAD=1 would prefetch into the next module
+            sub._maybe_offload_g_idx_to_cpu = _keep_g_idx
+            sub.register_forward_hook(_reset_derived_state)
+        stray = unregistered_tensors(layer)
+        if stray:
+            raise CheckpointError(
+                f"decoder layer {idx} keeps tensors outside its parameters and buffers "
+                f"({', '.join(stray)}): the layer streamer cannot move them"
+            )
+
+
+def _keep_g_idx() -> None:
+    """g_idx stays a buffer on its layer's device (gptqmodel would move it to the host)."""

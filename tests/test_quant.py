@@ -1,0 +1,191 @@
+"""GPTQ targets: a tiny Llama quantized to 4 bits on CPU with gptqmodel, saved and reloaded.
+
+Streamed layers move in packed form (qweight, qzeros, scales, g_idx, wf tables) and give the
+resident quantized logits; greedy SpecExec with the quantized target equals the quantized target
+alone. Skipped, with the pip command, when the `gptq` extra is absent; the error tests always run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import make_tiny_pair
+
+from engine import checkpoint, quant
+from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
+from engine.engine import Engine
+from engine.layer_store import OffloadError, layout_of
+from engine.model import DecoderRunner
+from engine.offload import build_offloaded_runner
+from engine.tree import causal_mask, prefix_tree_mask
+from engine.types import SamplingParams
+
+NUM_LAYERS = 4
+CPU = torch.device("cpu")
+MISSING = quant.missing_modules()
+needs_gptq = pytest.mark.skipif(
+    bool(MISSING), reason=f"the gptq extra is not installed ({', '.join(MISSING)} missing): {quant.GPTQ_PIP}"
+)
+
+
+def quantize_tiny_llama(folder: Path) -> tuple[str, str, str]:
+    """(GPTQ 4-bit, group 32, of a tiny Llama calibrated on random token ids; the fp32 original; an
+    fp32 noisy copy of it for a draft)."""
+    from gptqmodel import GPTQModel, QuantizeConfig  # noqa: PLC0415
+
+    target, draft = make_tiny_pair(folder, arch="llama", draft="noisy", seed=3, layers=NUM_LAYERS)
+    gen = torch.Generator().manual_seed(0)
+    calibration = [
+        {"input_ids": ids, "attention_mask": [1] * len(ids)}
+        for ids in torch.randint(3, 300, (16, 32), generator=gen).tolist()
+    ]
+    config = QuantizeConfig(bits=4, group_size=32, desc_act=False, sym=True, offload_to_disk=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GPTQMODEL_CPU_WORKERS", "2")  # its default, (cores + 1) // 2, fails on 2 cores
+        mp.chdir(folder)  # it writes a quantization log to ./logs
+        model = GPTQModel.load(str(target), config)
+        model.quantize(calibration, batch_size=4)
+        model.save(str(folder / "target-gptq"))
+    return str(folder / "target-gptq"), str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def gptq_pair(tmp_path_factory) -> tuple[str, str, str]:
+    return quantize_tiny_llama(tmp_path_factory.mktemp("gptq"))
+
+
+def run_passes(runner: DecoderRunner) -> list[torch.Tensor]:
+    """A prefill pass over 9 prompt tokens, then a tree pass (7 nodes) on top; logits of both."""
+    gen = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(3, runner.vocab_size, (9,), generator=gen)
+    cache = runner.new_cache(32)
+    prefill = runner.forward(prompt_ids, torch.arange(9), cache, 0, causal_mask(9, 0, CPU))
+    cache.length = 9
+    ancestors = torch.eye(7, dtype=torch.bool)
+    for node, parent in enumerate([-1, 0, 0, 1, 1, 2, 4]):
+        if parent >= 0:
+            ancestors[node] |= ancestors[parent]
+    depths = torch.tensor([0, 1, 1, 2, 2, 2, 3])
+    tree_ids = torch.randint(3, runner.vocab_size, (7,), generator=gen)
+    tree = runner.forward(tree_ids, 9 + depths, cache, 9, prefix_tree_mask(ancestors, 9))
+    return [prefill, tree]
+
+
+def streamed_runner(target: str, **offload_fields) -> DecoderRunner:
+    cfg = EngineConfig(
+        model=ModelConfig(target=target), offload=OffloadConfig(enabled=True, **offload_fields)
+    )
+    return build_offloaded_runner(checkpoint.load_model(target, torch.float32), cfg, CPU)
+
+
+@needs_gptq
+def test_layers_are_packed_and_stateless(gptq_pair):
+    target, original, _ = gptq_pair
+    model = checkpoint.load_model(target, torch.float32)
+    layout = layout_of(model.model.layers[0])
+    names = {entry.name.rsplit(".", 1)[-1] for entry in layout.entries}
+    assert {"qweight", "qzeros", "scales", "g_idx"} <= names
+    assert "weight" in names  # only the two RMSNorm weights are unquantized
+    assert all(e.dtype != torch.float32 for e in layout.entries if not e.name.endswith("norm.weight"))
+    fp32_layout = layout_of(checkpoint.load_model(original, torch.float32).model.layers[0])
+    assert layout.nbytes * 4 < fp32_layout.nbytes  # what the planner and the ring count: packed bytes
+    run_passes(DecoderRunner(model))
+    for layer in model.model.layers:
+        assert quant.unregistered_tensors(layer) == []  # no caches or derived weights survive a call
+
+
+@needs_gptq
+@pytest.mark.parametrize(("resident", "ring"), [(0, 2), (1, 3)])
+def test_streamed_quantized_logits_equal_resident(gptq_pair, resident, ring):
+    target, _, _ = gptq_pair
+    want = run_passes(DecoderRunner(checkpoint.load_model(target, torch.float32)))
+    runner = streamed_runner(target, source="ram", resident_layers=resident, ring_size=ring)
+    try:
+        assert len(runner.layers.streamed) == NUM_LAYERS - resident
+        for _ in range(2):  # the second time, the ring has wrapped into the next passes
+            for got, ref in zip(run_passes(runner), want, strict=True):
+                assert (got - ref).abs().max() <= 1e-6
+        for idx in runner.layers.streamed:
+            assert quant.unregistered_tensors(runner.hf_layers[idx]) == []
+    finally:
+        runner.layers.close()
+
+
+@needs_gptq
+def test_disk_source_refuses_gptq_layers(gptq_pair):
+    """gptqmodel converts qzeros to its v2 format on load and adds non-persistent wf tables, so the
+    packed bytes in memory are not the file's bytes: the disk source refuses them up front."""
+    target, _, _ = gptq_pair
+    with pytest.raises(OffloadError, match="use --offload-source ram"):
+        streamed_runner(target, source="disk", resident_layers=1)
+
+
+def reference_greedy(target: str, prompt: list[int], num_tokens: int) -> list[int]:
+    model = checkpoint.load_model(target, torch.float32)
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+@needs_gptq
+@pytest.mark.parametrize("offload", [False, True])
+def test_greedy_specexec_with_quantized_target_equals_target_alone(gptq_pair, offload):
+    target, _, draft = gptq_pair
+    prompt = [5, 17, 42, 9, 77, 130, 64]
+    want = reference_greedy(target, prompt, 24)
+    config = EngineConfig(
+        model=ModelConfig(target=target, draft=draft),
+        speculation=SpeculationConfig(budget=16),
+        offload=OffloadConfig(enabled=offload, source="ram", resident_layers=1),
+    )
+    engine = Engine.load(config)
+    try:
+        got = engine.generate_ids(prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    finally:
+        if offload:
+            engine.pair.target.layers.close()
+    assert got == want
+
+
+def write_quantized_config(folder: Path, method: str) -> str:
+    folder.mkdir()
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "quantization_config": {"quant_method": method, "bits": 4},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_missing_extra_error_gives_the_pip_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(quant, "missing_modules", lambda names=quant.GPTQ_MODULES: list(names))
+    path = write_quantized_config(tmp_path / "gptq", "gptq")
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        checkpoint.read_config(path)
+    message = str(info.value)
+    assert "GPTQ 4-bit" in message and "optimum, gptqmodel not installed" in message
+    assert quant.GPTQ_PIP in message and quant.GPTQ_PIP_SOURCE in message
+
+
+def test_unsupported_quantization_is_refused(tmp_path):
+    path = write_quantized_config(tmp_path / "awq", "awq")
+    with pytest.raises(checkpoint.CheckpointError, match="quantization method 'awq' is not supported"):
+        checkpoint.read_config(path)
+
+
+@needs_gptq
+def test_greedy_specexec_with_quantized_draft_equals_target_alone(gptq_pair):
+    quantized, target, _ = gptq_pair
+    prompt = [5, 17, 42, 9, 77, 130, 64]
+    want = reference_greedy(target, prompt, 24)
+    config = EngineConfig(
+        model=ModelConfig(target=target, draft=quantized), speculation=SpeculationConfig(budget=16)
+    )
+    got = Engine.load(config).generate_ids(
+        prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    )
+    assert got == want
