@@ -8,6 +8,7 @@ from pathlib import Path
 from engine.config import ConfigError, EngineConfig, engine_config_from, read_config_file
 
 DEFAULT_MODELS = Path(__file__).resolve().parents[1] / "models" / "default"
+DEFAULT_MODEL_NAME = "specexec-default"
 
 # flag -> (section, field, type)
 ENGINE_FLAGS: dict[str, tuple[str, str, type]] = {
@@ -65,6 +66,8 @@ def engine_config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, dic
         overrides.setdefault("model", {}).update(
             target=str(DEFAULT_MODELS / "target"), draft=model.get("draft") or str(DEFAULT_MODELS / "draft")
         )
+        if not model.get("name"):
+            overrides["model"]["name"] = DEFAULT_MODEL_NAME
     config = engine_config_from(sections, overrides, args.config)
     check_paths(config)
     return config, sections.get("server", {})

@@ -72,7 +72,7 @@ CASES = [
     ("mistral", "random", "specexec", 64),
     ("qwen2", "noisy", "specexec", 64),
     ("qwen2", "same", "specexec", 256),
-    ("mixtral", "noisy", "specexec", 64),
+    ("mixtral", "noisy", "specexec", 8),
     ("llama", "noisy", "specinfer", 64),
     ("qwen2", "random", "autoregressive", 1),
 ]

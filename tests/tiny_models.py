@@ -116,7 +116,7 @@ def make_tiny_pair(
     if draft == "same":
         draft_model = target
     elif draft == "noisy":
-        draft_model = noisy_copy(target, 0.3, seed + 1)
+        draft_model = noisy_copy(target, 0.1, seed + 1)
     else:
         draft_model = build_model("llama", vocab_size, seed + 1, eos_token_id=tokenizer.eos_token_id, hidden=32)
     return (
