@@ -8,6 +8,7 @@ first draft forward.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -103,19 +104,36 @@ def grow_tree(
 ) -> Tree:
     """SpecExec: best-first expansion of the K best unexpanded leaves per draft forward, each
     proposing its top-w children; keep the `budget` best nodes by cumulative draft log-prob."""
-    log_probs = draft_log_probs(drafter.catch_up(pending_ids, root_id), params)
-    tree = root_tree(root_id, drafter.cache.length, log_probs.device)
-    expanded = torch.ones(1, dtype=torch.bool, device=log_probs.device)
-    selected = torch.zeros(1, dtype=torch.long, device=log_probs.device)
+    root_logits = drafter.catch_up(pending_ids, root_id)
+    tree = root_tree(root_id, drafter.cache.length, root_logits.device)
+
+    def expand(tree: Tree, selected: torch.Tensor) -> torch.Tensor:
+        return draft_log_probs(drafter.expand(tree, selected), params)
+
+    return best_first_search(tree, draft_log_probs(root_logits, params), expand, spec, limits, drafter.room)
+
+
+def best_first_search(
+    tree: Tree,
+    root_log_probs: torch.Tensor,
+    expand: Callable[[Tree, torch.Tensor], torch.Tensor],
+    spec: SpeculationConfig,
+    limits: GrowLimits,
+    room: Callable[[], int],
+) -> Tree:
+    """The search loop over a root-only tree. expand(tree, selected [k]) -> [k, vocab] draft log-probs."""
+    expanded = torch.ones(1, dtype=torch.bool, device=root_log_probs.device)
+    selected = torch.zeros(1, dtype=torch.long, device=root_log_probs.device)
+    log_probs = root_log_probs
     for forward_idx in range(limits.max_depth):
         tree, expanded = add_best_children(tree, expanded, selected, log_probs, spec, limits.budget)
         if forward_idx == limits.max_depth - 1:
             break
-        selected = select_leaves(tree, expanded, spec.max_expand, limits, drafter.room())
+        selected = select_leaves(tree, expanded, spec.max_expand, limits, room())
         if selected.numel() == 0:
             break
         expanded[selected] = True
-        log_probs = draft_log_probs(drafter.expand(tree, selected), params)
+        log_probs = expand(tree, selected)
     return tree
 
 

@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from bigram import bigram_tree
 
 from engine.config import SpeculationConfig
-from engine.draft import GrowLimits, add_best_children, draft_log_probs, root_tree, select_leaves
 from engine.kv_cache import KVCache
 from engine.sampling import process_logits
 from engine.tree import Tree, append_nodes, causal_mask, path_token_counts, prefix_tree_mask
@@ -21,20 +21,7 @@ VOCAB = 5
 
 def bigram_best_first(table: torch.Tensor, budget: int, spec: SpeculationConfig, stop: torch.Tensor) -> Tree:
     """grow_tree's search loop with a bigram draft in place of a model forward."""
-    params = SamplingParams(temperature=1.0)
-    limits = GrowLimits(budget=budget, max_depth=spec.max_depth, stop_mask=stop)
-    tree = root_tree(0, 0, torch.device("cpu"))
-    expanded = torch.ones(1, dtype=torch.bool)
-    selected = torch.zeros(1, dtype=torch.long)
-    log_probs = draft_log_probs(table[[0]], params)
-    for _ in range(spec.max_depth):
-        tree, expanded = add_best_children(tree, expanded, selected, log_probs, spec, budget)
-        selected = select_leaves(tree, expanded, spec.max_expand, limits, room=10**6)
-        if selected.numel() == 0:
-            break
-        expanded[selected] = True
-        log_probs = draft_log_probs(table[tree.token_ids[selected]], params)
-    return tree
+    return bigram_tree(table, 0, SamplingParams(temperature=1.0), spec, budget, stop)
 
 
 def node_paths(tree: Tree) -> list[tuple[int, ...]]:

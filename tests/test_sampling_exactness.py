@@ -13,18 +13,15 @@ import itertools
 
 import pytest
 import torch
+from bigram import bigram_tree
 from scipy.stats import chisquare
 
 import engine.sampling as sampling
 import engine.verify as verify
 from engine.config import SpeculationConfig
 from engine.draft import (
-    GrowLimits,
-    add_best_children,
     append_children,
-    draft_log_probs,
     root_tree,
-    select_leaves,
 )
 from engine.sampling import make_generator, process_logits
 from engine.step import verify_step
@@ -57,24 +54,8 @@ def specexec_tree(root: int, params: SamplingParams, gen: torch.Generator) -> Tr
     """Best-first tree from the draft bigram; deterministic given the root (so cached)."""
     key = (root, repr(params))
     if key not in _TREES:
-        _TREES[key] = grow_best_first(root, params)
+        _TREES[key] = bigram_tree(DRAFT, root, params, SPEC, SPEC.budget, STOP_MASK)
     return _TREES[key]
-
-
-def grow_best_first(root: int, params: SamplingParams) -> Tree:
-    limits = GrowLimits(budget=SPEC.budget, max_depth=SPEC.max_depth, stop_mask=STOP_MASK)
-    tree = root_tree(root, 0, torch.device("cpu"))
-    expanded = torch.ones(1, dtype=torch.bool)
-    selected = torch.zeros(1, dtype=torch.long)
-    log_probs = draft_log_probs(DRAFT[[root]], params)
-    for _ in range(SPEC.max_depth):
-        tree, expanded = add_best_children(tree, expanded, selected, log_probs, SPEC, SPEC.budget)
-        selected = select_leaves(tree, expanded, SPEC.max_expand, limits, room=10**6)
-        if selected.numel() == 0:
-            break
-        expanded[selected] = True
-        log_probs = draft_log_probs(DRAFT[tree.token_ids[selected]], params)
-    return tree
 
 
 def specinfer_tree(root: int, params: SamplingParams, gen: torch.Generator):
