@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from engine import checkpoint
+from engine.budget import BudgetTracker, calibration_budgets
 from engine.config import EngineConfig, SpeculationConfig
 from engine.draft import Drafter
 from engine.model import DecoderRunner
@@ -33,6 +34,7 @@ from engine.types import (
 )
 
 DEFAULT_MAX_CONTEXT = 8192
+CALIBRATION_TEXT = "def main(argv):\n    for index, value in enumerate(argv):\n        print(index, value)\n"
 
 
 @dataclass
@@ -87,10 +89,16 @@ class Engine:
         self.model_name = config.model.name or config.model.target.rstrip("/").split("/")[-1]
         self.device = pair.target.device
         self._caches: dict[str, object] = {}
+        spec = config.speculation
+        auto = spec.budget == "auto" and spec.method != "autoregressive"
+        self.budget_tracker: BudgetTracker | None = BudgetTracker() if auto else None
 
     @classmethod
     def load(cls, config: EngineConfig) -> Engine:
-        return cls(load_pair(config), config)
+        engine = cls(load_pair(config), config)
+        if engine.budget_tracker is not None:
+            engine.calibrate_budget()
+        return engine
 
     def with_speculation(self, spec: SpeculationConfig) -> Engine:
         """The same loaded models under other speculation settings (benchmarks)."""
@@ -98,8 +106,27 @@ class Engine:
 
     @property
     def budget(self) -> int:
+        """The fixed budget, or with --budget auto the largest the tracker may choose (sizes caches)."""
         budget = self.config.speculation.budget
-        return budget if isinstance(budget, int) else 64
+        if isinstance(budget, int):
+            return budget
+        return self.budget_tracker.max_budget if self.budget_tracker is not None else 1
+
+    def calibrate_budget(self) -> None:
+        """--budget auto: time a few real steps at fixed budgets (after one warm-up step)."""
+        tracker = self.budget_tracker
+        assert tracker is not None, "calibrate_budget needs --budget auto"
+        budgets = calibration_budgets(tracker.grid)
+        tracker.force([budgets[0], *budgets])
+        text_ids = self.tokenizer.encode(CALIBRATION_TEXT) if self.tokenizer is not None else []
+        prompt = text_ids or list(range(1, 33))
+        max_steps_tokens = (self.config.speculation.max_depth + 1) * (len(budgets) + 1)
+        max_tokens = min(self.max_context - len(prompt), max_steps_tokens)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        for num_steps, _delta in enumerate(self.generate(Request("calibration", prompt, params)), start=1):
+            if num_steps == len(budgets) + 1:
+                break
+        tracker.force([])
 
     def validate_request(self, prompt_len: int, max_tokens: int) -> None:
         if prompt_len < 1:
@@ -127,6 +154,7 @@ class Engine:
             budget=budget,
             stop_mask=stop_mask,
             max_context=self.max_context,
+            track_acceptance=self.budget_tracker is not None,
         )
 
     def _cache(self, name: str, runner: DecoderRunner, capacity: int):
@@ -172,8 +200,14 @@ class Engine:
             if should_abort is not None and should_abort():
                 yield TokenDelta(request.request_id, [], FinishReason.ABORT, totals=totals)
                 return
+            tracker = self.budget_tracker
+            if tracker is not None:
+                ctx.budget = tracker.choose(params.temperature)
             new_ids = run_step(ctx, seq)
             stats = seq.stats[-1]
+            if tracker is not None:
+                timings = (stats.draft_seconds, stats.target_seconds, stats.step_seconds)
+                tracker.observe(params.temperature, stats.tree_size, timings, seq.acceptance_curve)
             new_ids, finish = self._finish(seq, new_ids, stop_ids)
             seq.emitted += len(new_ids)
             totals.add_step(dataclasses.replace(stats, num_emitted=len(new_ids)))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.budget import acceptance_curve, node_indicator
 from engine.config import SpeculationConfig
 from engine.device import timed
 from engine.draft import Drafter, GrowLimits, grow_sampled_tree, grow_tree
@@ -32,6 +33,7 @@ class Sequence:
     prompt_mask: torch.Tensor | None  # [vocab] bool, tokens of the prompt (repetition penalty)
     emitted: int = 0
     stats: list[StepStats] = field(default_factory=list)
+    acceptance_curve: list[float] | None = None  # last step's E[accepted] per budget 1..n-1 (budget auto)
 
     @property
     def root_id(self) -> int:
@@ -59,6 +61,7 @@ class StepContext:
     budget: int
     stop_mask: torch.Tensor  # [vocab] bool, tokens never expanded (EOS, stop ids)
     max_context: int
+    track_acceptance: bool = False  # budget auto: record the step's acceptance curve in the Sequence
 
 
 def draft_tree(ctx: StepContext, seq: Sequence, max_depth: int) -> Tree:
@@ -114,6 +117,14 @@ def align_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.cat([probs, probs.new_zeros(probs.shape[0], vocab_size - probs.shape[1])], dim=1)
 
 
+def step_curve(ctx: StepContext, seq: Sequence, tree: Tree, verdict: Verdict) -> torch.Tensor:
+    """[n - 1] E[accepted] per smaller budget (empty unless tracking); greedy counts argmax paths."""
+    if not ctx.track_acceptance:
+        return verdict.path_probs.new_zeros(0)
+    probs = node_indicator(tree.num_nodes, verdict.path) if seq.params.greedy else verdict.path_probs
+    return acceptance_curve(probs)
+
+
 def run_step(ctx: StepContext, seq: Sequence) -> list[int]:
     """Append the step's tokens (accepted path + bonus) to `seq`; returns them."""
     device = ctx.target_cache.device
@@ -126,14 +137,17 @@ def run_step(ctx: StepContext, seq: Sequence) -> list[int]:
     verdict = judge(ctx, seq, tree, logits)
     ctx.target_cache.commit(ctx.target_cache.length + verdict.path)
     ctx.drafter.commit(tree, verdict.path)
+    num_new = verdict.path.shape[0]
     summary = torch.cat([
         tree.token_ids[verdict.path[1:]].double(),
         verdict.bonus_id.reshape(1).double(),
         tree.depths.max().reshape(1).double(),
         verdict.expected_accepted.reshape(1).double(),
+        step_curve(ctx, seq, tree, verdict).double(),
     ]).tolist()  # the step's one host sync
-    new_ids = [int(t) for t in summary[:-2]]
-    depth, expected = int(summary[-2]), summary[-1]
+    new_ids = [int(t) for t in summary[:num_new]]
+    depth, expected = int(summary[num_new]), summary[num_new + 1]
+    seq.acceptance_curve = summary[num_new + 2 :] if ctx.track_acceptance else None
     seq.token_ids.extend(new_ids)
     ids = torch.tensor(new_ids, device=device)
     seq.output_counts.index_add_(0, ids, torch.ones(len(new_ids), device=device))

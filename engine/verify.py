@@ -19,6 +19,7 @@ class Verdict:
     path: torch.Tensor  # [m] node indices root..last accepted, in depth order
     bonus_id: torch.Tensor  # [] long, the target's token after the last accepted node
     expected_accepted: torch.Tensor  # [] float, sum over non-root nodes of the target path probability
+    path_probs: torch.Tensor  # [n] float, target probability of each node's path (root 1): --budget auto
 
 
 def verify_tree(tree: Tree, logits: torch.Tensor, greedy: bool, generator: torch.Generator) -> Verdict:
@@ -33,20 +34,26 @@ def verify_tree(tree: Tree, logits: torch.Tensor, greedy: bool, generator: torch
     accepted = ~(tree.ancestors & ~matches[None, :]).any(dim=1)  # [n]
     path = accepted.nonzero().squeeze(1)  # ascending index == ascending depth along one chain
     last = path[-1]
-    return Verdict(path=path, bonus_id=drawn[last], expected_accepted=expected_accepted(tree, logits))
+    probs = path_probabilities(tree, logits)
+    return Verdict(path=path, bonus_id=drawn[last], expected_accepted=probs[1:].sum(), path_probs=probs)
 
 
 def expected_accepted(tree: Tree, logits: torch.Tensor) -> torch.Tensor:
     """E[accepted draft tokens] under the target: sum over nodes of the target's path probability."""
+    return path_probabilities(tree, logits)[1:].sum()
+
+
+def path_probabilities(tree: Tree, logits: torch.Tensor) -> torch.Tensor:
+    """[n]: the target's probability of each node's path from the root (root: 1)."""
     if tree.num_nodes == 1:
-        return torch.zeros((), device=logits.device)
+        return torch.ones(1, device=logits.device)
     log_probs = logits.log_softmax(dim=-1)  # [n, vocab]
     parents = tree.parents.clamp(min=0)
     node_lp = log_probs[parents, tree.token_ids]  # [n] log p(token | parent's path)
     node_lp[0] = 0.0
     node_lp = torch.nan_to_num(node_lp, neginf=-1e4)
     path_lp = tree.ancestors.float() @ node_lp  # [n]
-    return path_lp[1:].exp().sum()
+    return path_lp.exp()
 
 
 def children_lists(parents: list[int]) -> list[list[int]]:
@@ -87,8 +94,10 @@ def verify_specinfer(tree: Tree, logits: torch.Tensor, generator: torch.Generato
         path.append(current)
         target = probs[current]
     bonus = torch.multinomial(target, 1, generator=generator)[0]
+    path_probs = path_probabilities(tree, logits)
     return Verdict(
         path=torch.tensor(path, device=probs.device),
         bonus_id=bonus,
-        expected_accepted=expected_accepted(tree, logits),
+        expected_accepted=path_probs[1:].sum(),
+        path_probs=path_probs,
     )

@@ -1,0 +1,343 @@
+"""`specexec bench`: autoregressive, SpecInfer and SpecExec side by side, in one run.
+
+Same pair, prompts, seeds and machine for every method. For each mode (target resident, streamed
+from RAM, streamed from disk with its pages evicted) and temperature, every budget runs every
+prompt; `--budget auto` runs too. Writes a markdown table, JSON with every raw figure and PNG plots
+(tokens per target pass and tokens/s against the budget, one line per method) to --out.
+
+With --pad-to-gb the target is a padded copy (engine.pad_target): extra no-op layers and zero MLP
+units make it stream and compute like a large model while its outputs, so acceptance, stay those of
+the trained pair. Figures measured on it are labelled so.
+
+    specexec bench --pad-to-gb 1.5 --modes resident,disk --budgets 16,64,256,1024 --out bench-out
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from engine.bench_prompts import PROMPT_SETS, encode_prompt, select_prompts
+from engine.bench_report import write_outputs
+from engine.checkpoint import load_tokenizer
+from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
+from engine.device import synchronize
+from engine.engine import Engine
+from engine.flags import DEFAULT_MODELS, CliError
+from engine.model import DecoderRunner
+from engine.pad_target import cache_root, pad_checkpoint
+from engine.types import Request, SamplingParams
+
+DEFAULT_BUDGETS = "16,32,64,128,256,512,1024"
+MODES = ("resident", "ram", "disk")
+METHODS = ("autoregressive", "specinfer", "specexec")
+WARMUP_TOKENS = 8  # --budget auto's warm-up request per temperature (explores the largest budget first)
+
+
+def csv(kind: type):
+    return lambda text: [kind(v) for v in text.split(",") if v]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default=str(DEFAULT_MODELS / "target"), help="target checkpoint folder")
+    parser.add_argument("--draft", default=str(DEFAULT_MODELS / "draft"), help="draft checkpoint folder")
+    parser.add_argument(
+        "--pad-to-gb", type=float, default=0.0, help="pad the target to about this many GB (0: off)"
+    )
+    parser.add_argument("--modes", type=csv(str), default=["resident", "disk"], help=f"comma list of {MODES}")
+    parser.add_argument("--budgets", type=csv(int), default=csv(int)(DEFAULT_BUDGETS), help="comma list")
+    parser.add_argument("--no-auto", action="store_true", help="skip the --budget auto rows")
+    parser.add_argument("--methods", type=csv(str), default=list(METHODS), help=f"comma list of {METHODS}")
+    parser.add_argument("--temperatures", type=csv(float), default=[0.0, 0.6], help="comma list")
+    parser.add_argument("--prompt-set", choices=PROMPT_SETS, default="mixed")
+    parser.add_argument("--num-prompts", type=int, default=4, help="prompts per configuration")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
+    parser.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i, for every method")
+    parser.add_argument("--max-expand", type=int, default=128)
+    parser.add_argument("--max-children", type=int, default=32)
+    parser.add_argument("--max-depth", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
+
+
+@dataclass
+class RunResult:
+    """One configuration over every prompt: raw per-prompt figures, summed where it makes sense."""
+
+    mode: str
+    temperature: float
+    method: str
+    budget: int | str  # int, or "auto"
+    completion_tokens: list[int] = field(default_factory=list)  # per prompt
+    target_passes: list[int] = field(default_factory=list)
+    decode_seconds: list[float] = field(default_factory=list)
+    prefill_seconds: list[float] = field(default_factory=list)
+    draft_seconds: list[float] = field(
+        default_factory=list
+    )  # engine step split (draft incl. tree bookkeeping)
+    target_seconds: list[float] = field(default_factory=list)
+    draft_forward_seconds: list[float] = field(default_factory=list)  # inside the draft model's forward
+    target_forward_seconds: list[float] = field(default_factory=list)  # inside the target's (incl. streaming)
+    tree_sizes: list[list[int]] = field(default_factory=list)  # per prompt, per step (root included)
+    accepted: list[list[int]] = field(default_factory=list)
+    steps: list[list[tuple[float, float, float]]] = field(
+        default_factory=list
+    )  # per step (draft, target, step) s
+
+
+class ForwardClock:
+    """Wall time spent inside a runner's forward during decoding (prefill chunks excluded)."""
+
+    def __init__(self, runner: DecoderRunner):
+        self.runner = runner
+        self.seconds = 0.0
+        inner = runner.forward
+
+        def timed_forward(*args: object, **kwargs: object) -> torch.Tensor | None:
+            begin = time.perf_counter()
+            out = inner(*args, **kwargs)
+            synchronize(runner.device)
+            rows = kwargs.get("logit_rows", args[5] if len(args) > 5 else None)
+            if rows is None or rows.numel() > 0:  # prefill passes ask for no logits
+                self.seconds += time.perf_counter() - begin
+            return out
+
+        runner.forward = timed_forward  # instance attribute shadows the method
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    def remove(self) -> None:
+        del self.runner.forward
+
+
+def engine_config(args: argparse.Namespace, target: str, mode: str) -> EngineConfig:
+    spec = SpeculationConfig(
+        method="specexec",
+        budget=max(args.budgets),
+        max_expand=args.max_expand,
+        max_children=args.max_children,
+        max_depth=args.max_depth,
+    )
+    offload = OffloadConfig(
+        enabled=mode != "resident",
+        source="disk" if mode == "disk" else "ram",
+        resident_layers=0,
+        evict_page_cache=True,
+    )
+    return EngineConfig(model=ModelConfig(target=target, draft=args.draft), speculation=spec, offload=offload)
+
+
+def layer_ranges(folder: str) -> list[tuple[str, int, int]]:
+    """(file, offset, nbytes) of every decoder-layer tensor in a checkpoint's safetensors files."""
+    ranges = []
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with path.open("rb") as handle:
+            header_len = struct.unpack("<Q", handle.read(8))[0]
+            header = json.loads(handle.read(header_len))
+        for name, entry in header.items():
+            if name.startswith("model.layers."):
+                begin, end = entry["data_offsets"]
+                ranges.append((str(path), 8 + header_len + begin, end - begin))
+    return sorted(ranges)
+
+
+def measure_link(mode: str, folder: str, reps: int = 2) -> dict[str, float]:
+    """The link's plain bandwidth for the bytes one streamed pass moves (best of `reps`): reads from
+    disk with the file's pages evicted first, or RAM-to-RAM copies; no compute alongside."""
+    if mode == "resident":
+        return {}
+    ranges = layer_ranges(folder)
+    nbytes = sum(size for _, _, size in ranges)
+    largest = max(size for _, _, size in ranges)
+    dst = torch.empty(largest, dtype=torch.uint8)
+    src = torch.empty(largest, dtype=torch.uint8).fill_(1) if mode == "ram" else None
+    fds = {path: os.open(path, os.O_RDONLY) for path in {p for p, _, _ in ranges}}
+    best = float("inf")
+    try:
+        for _ in range(reps):
+            for fd in fds.values():
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            begin = time.perf_counter()
+            for path, offset, size in ranges:
+                if src is not None:
+                    dst[:size].copy_(src[:size])
+                    continue
+                view = memoryview(dst.numpy())[:size]
+                done = 0
+                while done < size:
+                    done += os.preadv(fds[path], [view[done:]], offset + done)
+            best = min(best, time.perf_counter() - begin)
+    finally:
+        for fd in fds.values():
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+    return {"bytes_per_pass": nbytes, "link_seconds": best, "link_bytes_per_s": nbytes / best}
+
+
+def run_config(
+    engine: Engine, result: RunResult, prompts: list[list[int]], args: argparse.Namespace, bar: tqdm
+) -> RunResult:
+    clocks = [ForwardClock(engine.pair.target)]
+    if engine.pair.draft is not None and engine.pair.draft is not engine.pair.target:
+        clocks.append(ForwardClock(engine.pair.draft))
+    try:
+        for idx, prompt_ids in enumerate(prompts):
+            params = SamplingParams(
+                temperature=result.temperature,
+                seed=args.seed + idx,
+                max_tokens=args.max_tokens,
+                ignore_eos=True,
+            )
+            sizes, accepted, steps, totals = [], [], [], None
+            for delta in engine.generate(Request(f"bench-{idx}", prompt_ids, params)):
+                stats = delta.stats
+                sizes.append(stats.tree_size)
+                accepted.append(stats.num_accepted)
+                steps.append((stats.draft_seconds, stats.target_seconds, stats.step_seconds))
+                totals = delta.totals or totals
+            result.completion_tokens.append(totals.completion_tokens)
+            result.target_passes.append(totals.target_passes)
+            result.decode_seconds.append(totals.decode_seconds)
+            result.prefill_seconds.append(totals.prefill_seconds)
+            result.draft_seconds.append(totals.draft_seconds)
+            result.target_seconds.append(totals.target_seconds)
+            result.target_forward_seconds.append(clocks[0].take())
+            result.draft_forward_seconds.append(clocks[1].take() if len(clocks) > 1 else 0.0)
+            result.tree_sizes.append(sizes)
+            result.accepted.append(accepted)
+            result.steps.append(steps)
+            bar.update(1)
+    finally:
+        for clock in clocks:
+            clock.remove()
+    return result
+
+
+def speculation_for(base: Engine, method: str, budget: int | str) -> SpeculationConfig:
+    return dataclasses.replace(base.config.speculation, method=method, budget=budget)
+
+
+def configs_for(args: argparse.Namespace) -> list[tuple[str, int | str]]:
+    """(method, budget) in run order: autoregressive, each budget for SpecInfer and SpecExec, then auto."""
+    out: list[tuple[str, int | str]] = []
+    if "autoregressive" in args.methods:
+        out.append(("autoregressive", 1))
+    for budget in args.budgets:
+        out += [(m, budget) for m in ("specinfer", "specexec") if m in args.methods]
+    if not args.no_auto and "specexec" in args.methods:
+        out.append(("specexec", "auto"))
+    return out
+
+
+def auto_engine(base: Engine, args: argparse.Namespace, prompts: list[list[int]]) -> tuple[Engine, dict]:
+    """The --budget auto engine over the benchmark's budgets: calibrated, then one warm-up request
+    per temperature (a served engine has learned from earlier requests)."""
+    engine = base.with_speculation(speculation_for(base, "specexec", "auto"))
+    engine.budget_tracker.grid = sorted(args.budgets)
+    begin = time.perf_counter()
+    engine.calibrate_budget()
+    calibration = time.perf_counter() - begin
+    for temperature in args.temperatures:
+        params = SamplingParams(
+            temperature=temperature, seed=10_000, max_tokens=WARMUP_TOKENS, ignore_eos=True
+        )
+        engine.generate_ids(prompts[-1], params)
+    return engine, {"calibration_seconds": calibration, "after_warmup": engine.budget_tracker.snapshot()}
+
+
+def run_mode(
+    mode: str, target: str, args: argparse.Namespace, prompts: list[list[int]], bar: tqdm
+) -> tuple[list[RunResult], dict]:
+    begin = time.perf_counter()
+    base = Engine.load(engine_config(args, target, mode))
+    info: dict = {"load_seconds": time.perf_counter() - begin, **measure_link(mode, target)}
+    base.with_speculation(speculation_for(base, "autoregressive", 1)).generate_ids(
+        prompts[0], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    )  # warm-up: first-pass allocations, ring start
+    results = []
+    auto = None
+    for method, budget in configs_for(args):
+        if budget == "auto":
+            bar.set_description(f"{mode} auto calibration")
+            auto, info["auto"] = auto_engine(base, args, prompts[1:] or prompts)
+        engine = auto or base.with_speculation(speculation_for(base, method, budget))
+        for temperature in args.temperatures:
+            bar.set_description(f"{mode} T={temperature:g} {method} {budget}")
+            results.append(
+                run_config(engine, RunResult(mode, temperature, method, budget), prompts[:], args, bar)
+            )
+    if auto is not None:
+        info["auto"]["final"] = auto.budget_tracker.snapshot()
+    streamer = base.pair.target.layers
+    if hasattr(streamer, "close"):
+        streamer.close()
+    del base, auto, engine
+    gc.collect()
+    return results, info
+
+
+def resolve_target(args: argparse.Namespace) -> tuple[str, dict]:
+    for role in ("target", "draft"):
+        if not Path(getattr(args, role)).is_dir():
+            raise CliError(f"--{role} {getattr(args, role)}: no such model folder")
+    if args.pad_to_gb <= 0:
+        return args.target, {}
+    begin = time.perf_counter()
+    folder, plan = pad_checkpoint(args.target, cache_root(), args.pad_to_gb)
+    info = {**dataclasses.asdict(plan), "folder": str(folder), "seconds": time.perf_counter() - begin}
+    return str(folder), info
+
+
+def run(args: argparse.Namespace) -> int:
+    for name, allowed in (("modes", MODES), ("methods", METHODS)):
+        bad = [v for v in getattr(args, name) if v not in allowed]
+        if bad:
+            raise CliError(f"--{name}: unknown {bad}; choose from {allowed}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    started = time.time()
+    target, padding = resolve_target(args)
+    tokenizer = load_tokenizer(args.target)
+    if tokenizer is None:
+        raise CliError(f"{args.target}: no tokenizer files; bench needs one")
+    prompts = [
+        encode_prompt(tokenizer, kind, text)
+        for kind, text in select_prompts(args.prompt_set, args.num_prompts)
+    ]
+    total = len(args.modes) * len(configs_for(args)) * len(args.temperatures) * len(prompts)
+    results, modes = [], {}
+    with tqdm(total=total, unit="run", dynamic_ncols=True) as bar:
+        for mode in args.modes:
+            mode_results, modes[mode] = run_mode(mode, target, args, prompts, bar)
+            results += mode_results
+    meta = {
+        "command": "specexec bench " + " ".join(sys.argv[2:]),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
+        "target": args.target,
+        "draft": args.draft,
+        "padding": padding,
+        "modes": modes,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_end": os.getloadavg(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+        "wall_seconds": time.time() - started,
+        "prompt_lens": [len(p) for p in prompts],
+    }
+    paths = write_outputs(args.out, meta, results)
+    print(open(paths["table"]).read())
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
