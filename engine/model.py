@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -44,6 +45,17 @@ class ResidentLayers:
     @contextmanager
     def layer(self, idx: int) -> Iterator[nn.Module]:
         yield self.layers[idx]
+
+
+@dataclass
+class PassInputs:
+    """What every layer of one pass shares."""
+
+    cos: torch.Tensor  # [1, n, head_dim]
+    sin: torch.Tensor  # [1, n, head_dim]
+    cache: KVCache
+    start_slot: int
+    masks: dict[int | None, torch.Tensor]  # sliding window -> additive [1, 1, n, kv_len]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -116,10 +128,11 @@ class DecoderRunner:
         masks = self._masks(allowed, position_ids, cache.positions[:kv_len])
         hidden = self.embed_tokens(input_ids)[None]  # [1, n, hidden]
         cos, sin = self.rotary_emb(hidden, position_ids[None])  # [1, n, head_dim]
+        inputs = PassInputs(cos, sin, cache, start_slot, masks)
         self.layers.begin_pass()
         for idx in range(self.layers.num_layers):
             with self.layers.layer(idx) as layer:
-                hidden = self._layer(layer, idx, hidden, cos, sin, cache, start_slot, masks[self.windows[idx]])
+                hidden = self._layer(layer, idx, hidden, inputs)
         if logit_rows is not None:
             if logit_rows.numel() == 0:
                 return None
@@ -140,33 +153,14 @@ class DecoderRunner:
             masks[window] = mask[None, None]
         return masks
 
-    def _layer(
-        self,
-        layer: nn.Module,
-        idx: int,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: KVCache,
-        start_slot: int,
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
+    def _layer(self, layer: nn.Module, idx: int, hidden: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
         attn_in = layer.input_layernorm(hidden)
-        hidden = hidden + self._attention(layer.self_attn, idx, attn_in, cos, sin, cache, start_slot, mask)
+        hidden = hidden + self._attention(layer.self_attn, idx, attn_in, inputs)
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
-    def _attention(
-        self,
-        attn: nn.Module,
-        idx: int,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: KVCache,
-        start_slot: int,
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
+    def _attention(self, attn: nn.Module, idx: int, hidden: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
         num_tokens = hidden.shape[1]
+        cos, sin, cache, start_slot = inputs.cos, inputs.sin, inputs.cache, inputs.start_slot
         query = attn.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim).transpose(0, 1)
         key = attn.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)
         value = attn.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)
@@ -174,6 +168,7 @@ class DecoderRunner:
         key = key * cos + rotate_half(key) * sin  # [kv_heads, n, head_dim]
         cache.write(idx, start_slot, key, value)
         keys, values = cache.view(idx, start_slot + num_tokens)  # [kv_heads, kv_len, head_dim]
+        mask = inputs.masks[self.windows[idx]]
         out = F.scaled_dot_product_attention(
             query[None], keys[None], values[None], attn_mask=mask, scale=attn.scaling, enable_gqa=True
         )  # [1, heads, n, head_dim]
