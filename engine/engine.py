@@ -203,8 +203,7 @@ class Engine:
             tracker = self.budget_tracker
             if tracker is not None:
                 ctx.budget = tracker.choose(params.temperature)
-            new_ids = run_step(ctx, seq)
-            stats = seq.stats[-1]
+            new_ids, stats = run_step(ctx, seq)
             if tracker is not None:
                 timings = (stats.draft_seconds, stats.target_seconds, stats.step_seconds)
                 tracker.observe(params.temperature, stats.tree_size, timings, seq.acceptance_curve)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -32,7 +32,6 @@ class Sequence:
     output_counts: torch.Tensor  # [vocab] float, generated tokens so far (penalties)
     prompt_mask: torch.Tensor | None  # [vocab] bool, tokens of the prompt (repetition penalty)
     emitted: int = 0
-    stats: list[StepStats] = field(default_factory=list)
     acceptance_curve: list[float] | None = None  # last step's E[accepted] per budget 1..n-1 (budget auto)
 
     @property
@@ -125,8 +124,8 @@ def step_curve(ctx: StepContext, seq: Sequence, tree: Tree, verdict: Verdict) ->
     return acceptance_curve(probs)
 
 
-def run_step(ctx: StepContext, seq: Sequence) -> list[int]:
-    """Append the step's tokens (accepted path + bonus) to `seq`; returns them."""
+def run_step(ctx: StepContext, seq: Sequence) -> tuple[list[int], StepStats]:
+    """Append the step's tokens (accepted path + bonus) to `seq`; returns them and the step's stats."""
     device = ctx.target_cache.device
     begin = time.perf_counter()
     remaining = min(seq.params.max_tokens - seq.emitted, ctx.max_context - len(seq.token_ids))
@@ -138,19 +137,18 @@ def run_step(ctx: StepContext, seq: Sequence) -> list[int]:
     ctx.target_cache.commit(ctx.target_cache.length + verdict.path)
     ctx.drafter.commit(tree, verdict.path)
     num_new = verdict.path.shape[0]
+    new_id_tensor = torch.cat([tree.token_ids[verdict.path[1:]], verdict.bonus_id.reshape(1)])  # [num_new]
+    seq.output_counts.index_add_(0, new_id_tensor, torch.ones(num_new, device=device))
     summary = torch.cat([
-        tree.token_ids[verdict.path[1:]].double(),
-        verdict.bonus_id.reshape(1).double(),
+        new_id_tensor.double(),
         tree.depths.max().reshape(1).double(),
         verdict.expected_accepted.reshape(1).double(),
         step_curve(ctx, seq, tree, verdict).double(),
-    ]).tolist()  # the step's one host sync
+    ]).tolist()  # the step's last host sync (verification's path is the other)
     new_ids = [int(t) for t in summary[:num_new]]
     depth, expected = int(summary[num_new]), summary[num_new + 1]
     seq.acceptance_curve = summary[num_new + 2 :] if ctx.track_acceptance else None
     seq.token_ids.extend(new_ids)
-    ids = torch.tensor(new_ids, device=device)
-    seq.output_counts.index_add_(0, ids, torch.ones(len(new_ids), device=device))
     stats = StepStats(
         tree_size=tree.num_nodes,
         tree_depth=depth,
@@ -161,5 +159,4 @@ def run_step(ctx: StepContext, seq: Sequence) -> list[int]:
         step_seconds=time.perf_counter() - begin,
         expected_accepted=expected,
     )
-    seq.stats.append(stats)
-    return new_ids
+    return new_ids, stats

@@ -32,24 +32,19 @@ def verify_tree(tree: Tree, logits: torch.Tensor, greedy: bool, generator: torch
     matches = tree.token_ids == drawn[parents]  # [n]
     matches[0] = True
     accepted = ~(tree.ancestors & ~matches[None, :]).any(dim=1)  # [n]
-    path = accepted.nonzero().squeeze(1)  # ascending index == ascending depth along one chain
+    path = accepted.nonzero().squeeze(1)  # a host sync: the path length sizes the cache commit  # ascending index == ascending depth along one chain
     last = path[-1]
     probs = path_probabilities(tree, logits)
     return Verdict(path=path, bonus_id=drawn[last], expected_accepted=probs[1:].sum(), path_probs=probs)
-
-
-def expected_accepted(tree: Tree, logits: torch.Tensor) -> torch.Tensor:
-    """E[accepted draft tokens] under the target: sum over nodes of the target's path probability."""
-    return path_probabilities(tree, logits)[1:].sum()
 
 
 def path_probabilities(tree: Tree, logits: torch.Tensor) -> torch.Tensor:
     """[n]: the target's probability of each node's path from the root (root: 1)."""
     if tree.num_nodes == 1:
         return torch.ones(1, device=logits.device)
-    log_probs = logits.log_softmax(dim=-1)  # [n, vocab]
     parents = tree.parents.clamp(min=0)
-    node_lp = log_probs[parents, tree.token_ids]  # [n] log p(token | parent's path)
+    # log p(token | parent's path) for the n entries needed, without an [n, vocab] log-softmax
+    node_lp = logits[parents, tree.token_ids] - torch.logsumexp(logits, dim=-1)[parents]  # [n]
     node_lp[0] = 0.0
     node_lp = torch.nan_to_num(node_lp, neginf=-1e4)
     path_lp = tree.ancestors.float() @ node_lp  # [n]
