@@ -9,12 +9,16 @@ Two ways to read a layer:
 - pieces: anything else (dtype conversion, fused MoE experts, a layer split over shards) reads
   tensor by tensor into the packed layout, dropping the pages afterwards with `evict`.
 Either way every pass reads from the device, as if the model were larger than RAM.
+
+Where a loader changes a tensor from its file form (gptqmodel adds one to each zero point of a
+GPTQ v1 checkpoint), `fixups` redo that change in place on each read, before the layer is used.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -23,6 +27,8 @@ from engine.layer_store import LayerLayout, TensorEntry, placeholders
 from engine.safetensors_index import ReadPiece, plan_pieces, read_index
 
 READ_CHUNK = 64 << 20  # bytes per read call
+
+Fixup = Callable[[torch.Tensor], None]  # in place, on a tensor just read: file form -> loaded form
 
 
 def span_layout(layout: LayerLayout, pieces: list[list[ReadPiece]]) -> tuple[LayerLayout, int] | None:
@@ -49,9 +55,17 @@ class DiskStore:
 
     source = "disk"
 
-    def __init__(self, folder: str, prefixes: dict[int, str], packed: dict[int, LayerLayout], evict: bool):
+    def __init__(
+        self,
+        folder: str,
+        prefixes: dict[int, str],
+        packed: dict[int, LayerLayout],
+        evict: bool,
+        fixups: dict[int, dict[str, Fixup]] | None = None,
+    ):
         index = read_index(folder)
         self.evict = evict
+        self.fixups: dict[int, list[tuple[TensorEntry, Fixup]]] = {}
         self.layouts: dict[int, LayerLayout] = {}
         self.plans: dict[int, list[ReadPiece]] = {}  # pieces mode: in file order
         self.spans: dict[int, tuple[str, int, int]] = {}  # span mode: (path, start, bytes needed)
@@ -65,6 +79,12 @@ class DiskStore:
                 end = max(p.file_offset + p.src_nbytes for p in self.plans[idx])
                 self.spans[idx] = (self.plans[idx][0].path, start, end - start)
             self.layouts[idx] = layout
+            entries = {entry.name: entry for entry in layout.entries}
+            wanted = (fixups or {}).get(idx, {})
+            unknown = sorted(set(wanted) - set(entries))
+            if unknown:
+                raise ValueError(f"layer {idx}: fixups for tensors it does not have: {', '.join(unknown)}")
+            self.fixups[idx] = [(entries[name], fixup) for name, fixup in wanted.items()]
         self.rest = {idx: placeholders(layout) for idx, layout in self.layouts.items()}
         paths = sorted({p.path for plan in self.plans.values() for p in plan})
         self.fds = {path: os.open(path, os.O_RDONLY) for path in paths}
@@ -77,6 +97,11 @@ class DiskStore:
 
     def read_into(self, idx: int, dst: torch.Tensor) -> None:
         """Fill `dst` (flat uint8 host buffer, PAGE-aligned) with layer idx; raises OSError on failure."""
+        self._read(idx, dst)
+        for entry, fixup in self.fixups[idx]:
+            fixup(dst[entry.offset : entry.offset + entry.nbytes].view(entry.dtype).view(entry.shape))
+
+    def _read(self, idx: int, dst: torch.Tensor) -> None:
         if idx in self.spans:
             path, start, needed = self.spans[idx]
             fd = self.direct_fds.get(path)

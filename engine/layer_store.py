@@ -39,10 +39,24 @@ class LayerLayout:
 
 
 def layer_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters then buffers of one layer, by name relative to it."""
+    """Parameters then persistent buffers of one layer, by name relative to it: what its checkpoint
+    holds, and what streaming moves. Non-persistent buffers are constants a module builds for itself
+    (gptqmodel's bit-shift tables, a few bytes each); they are in no checkpoint file, so they stay on
+    the compute device with the resident weights (see `constant_buffers`)."""
     tensors = {name: param for name, param in module.named_parameters()}
-    tensors.update({name: buf for name, buf in module.named_buffers()})
+    constants = {f"{owner}.{leaf}" if owner else leaf for owner, leaf in constant_buffers(module)}
+    tensors.update({name: buf for name, buf in module.named_buffers() if name not in constants})
     return tensors
+
+
+def constant_buffers(module: nn.Module) -> list[tuple[str, str]]:
+    """(submodule name, buffer name) of every non-persistent buffer under `module`."""
+    return [
+        (name, leaf)
+        for name, sub in module.named_modules()
+        for leaf in sub._non_persistent_buffers_set
+        if sub._buffers.get(leaf) is not None
+    ]
 
 
 def layout_of(module: nn.Module) -> LayerLayout:

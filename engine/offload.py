@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine import quant
 from engine.config import ConfigError, EngineConfig, OffloadConfig
 from engine.device import empty_buffer
 from engine.disk_store import DiskStore
@@ -89,10 +90,14 @@ def host_bytes_needed(
 
 
 def move_to_device(model: nn.Module, skip: list[nn.Module], device: torch.device) -> None:
-    """Move every parameter and buffer to `device` except those under the modules in `skip`."""
+    """Move every parameter and buffer to `device` except the streamed ones of the layers in `skip`
+    (their non-persistent constant buffers move: they are not streamed)."""
     skipped = {id(m) for layer in skip for m in layer.modules()}
     for module in model.modules():
         if id(module) in skipped:
+            for name in module._non_persistent_buffers_set:
+                if module._buffers.get(name) is not None:
+                    module._buffers[name] = module._buffers[name].to(device)
             continue
         for param in module._parameters.values():
             if param is not None:
@@ -103,14 +108,15 @@ def move_to_device(model: nn.Module, skip: list[nn.Module], device: torch.device
 
 
 def build_store(
-    config: EngineConfig, streamed: dict[int, nn.Module], layouts: dict[int, LayerLayout]
+    config: EngineConfig, model: nn.Module, streamed: dict[int, nn.Module], layouts: dict[int, LayerLayout]
 ) -> RamStore | DiskStore:
     cfg = config.offload
     if cfg.source == "ram":
         return RamStore(streamed, layouts)
     prefixes = {idx: f"model.layers.{idx}." for idx in streamed}
+    fixups = quant.disk_fixups(model, streamed)
     try:
-        store = DiskStore(config.model.target, prefixes, layouts, cfg.evict_page_cache)
+        store = DiskStore(config.model.target, prefixes, layouts, cfg.evict_page_cache, fixups)
     except (OSError, ValueError) as exc:
         raise OffloadError(
             f"offload source disk: cannot read layers from {config.model.target!r}: {exc}"
@@ -148,11 +154,6 @@ def check_disk_layout(store: DiskStore, streamed: dict[int, nn.Module]) -> None:
 def build_offloaded_runner(model: nn.Module, config: EngineConfig, device: torch.device) -> DecoderRunner:
     """A DecoderRunner whose non-resident decoder layers stream from host RAM or disk."""
     cfg = config.offload
-    if cfg.source == "disk" and getattr(model.config, "quantization_config", None) is not None:
-        raise OffloadError(
-            "offload.source: a quantized target streams from RAM only for now "
-            "(its packed tensors differ from the checkpoint's bytes); use --offload-source ram"
-        )
     layers = list(model.model.layers)
     all_layouts = [layout_of(layer) for layer in layers]
     resident = set(plan_resident([layout.nbytes for layout in all_layouts], cfg))
@@ -163,6 +164,6 @@ def build_offloaded_runner(model: nn.Module, config: EngineConfig, device: torch
     needed, what = host_bytes_needed(layouts, cfg, device)
     held = anonymous_bytes([t for layer in streamed.values() for t in layer_tensors(layer).values()])
     check_host_memory(needed, held, what)
-    store = build_store(config, streamed, layouts)
+    store = build_store(config, model, streamed, layouts)
     move_to_device(model, list(streamed.values()), device)
     return DecoderRunner(model, LayerStreamer(layers, store, device, cfg.ring_size))

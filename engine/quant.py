@@ -13,6 +13,10 @@ that repack
 their buffers on first use (gptqmodel's CPU default, TorchAtenLinear, rewrites qweight into a new
 shape and keeps `scales_and_zeros` as a plain attribute) cannot stream and are not selected.
 
+A v1 ("gptq" format) checkpoint stores every packed zero point minus one; gptqmodel adds the one
+back on load (its v2 format). The disk source streams file bytes, so `disk_fixups` gives it the same
+addition to redo on each read (qzeros are 1/group_size of qweight: a few KB per layer).
+
 `make_streamable` removes the torch kernel's per-module state that would outlive a call:
 decoded-zeros and g_idx caches (derived tensors that would stay on the device for every streamed
 layer), the g_idx move to the host, and the per-module torch.compile of the dequantiser (on CPU
@@ -22,6 +26,8 @@ its first pass took ~10 s for two layers and later passes were no faster than ea
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -129,3 +135,47 @@ def make_streamable(model: nn.Module) -> None:
 
 def _keep_g_idx() -> None:
     """g_idx stays a buffer on its layer's device (gptqmodel would move it to the host)."""
+
+
+V1_FORMATS = ("gptq",)  # checkpoint formats whose zero points are stored minus one
+CONSTANT_OFFSET_BITS = (2, 4, 8)  # widths whose +1 per field is one constant added to each packed word
+
+
+def checkpoint_format(model: nn.Module) -> str | None:
+    quant = getattr(model.config, "quantization_config", None)
+    if quant is None:
+        return None
+    fields = quant if isinstance(quant, dict) else vars(quant)
+    return str(fields.get("checkpoint_format") or fields.get("format") or "gptq").lower()
+
+
+def packed_ones(bits: int, word_bits: int) -> int:
+    """The packed word holding 1 in every `bits`-wide field (e.g. 0x11111111 for 4 bits in int32)."""
+    return sum(1 << (bits * k) for k in range(word_bits // bits))
+
+
+def _add_inplace(tensor: torch.Tensor, value: int) -> None:
+    tensor.add_(value)  # integer add wraps like the packed arithmetic it mirrors
+
+
+def disk_fixups(model: nn.Module, layers: dict[int, nn.Module]) -> dict[int, dict[str, Callable]]:
+    """Per streamed layer, the in-place changes that turn its file tensors into the loaded ones.
+
+    Raises CheckpointError for a layer whose loaded form cannot be rebuilt from the file this way."""
+    fmt = checkpoint_format(model)
+    if fmt is None:
+        return {}
+    fixups: dict[int, dict[str, Callable]] = {}
+    for idx, layer in layers.items():
+        for name, sub in quantized_modules(layer).items():
+            if fmt not in V1_FORMATS or sub.qzero_format() != 2:
+                continue
+            if sub.bits not in CONSTANT_OFFSET_BITS:
+                raise CheckpointError(
+                    f"decoder layer {idx} {name}: {sub.bits}-bit zero points of a {fmt!r} checkpoint are "
+                    "converted on load in a way the disk source does not redo; use --offload-source ram"
+                )
+            word_bits = torch.iinfo(sub.pack_dtype).bits
+            ones = packed_ones(sub.bits, word_bits)
+            fixups.setdefault(idx, {})[f"{name}.qzeros"] = partial(_add_inplace, value=ones)
+    return fixups

@@ -1,7 +1,7 @@
 """GPTQ targets: a tiny Llama quantized to 4 bits on CPU with gptqmodel, saved and reloaded.
 
-Streamed layers move in packed form (qweight, qzeros, scales, g_idx, wf tables) and give the
-resident quantized logits; greedy SpecExec with the quantized target equals the quantized target
+Streamed layers move in packed form (qweight, qzeros, scales, g_idx), from RAM or from the
+checkpoint on disk, and give the resident quantized logits; greedy SpecExec with the quantized target equals the quantized target
 alone. Skipped, with the pip command, when the `gptq` extra is absent; the error tests always run.
 """
 
@@ -17,7 +17,7 @@ from tiny_models import make_tiny_pair
 from engine import checkpoint, quant
 from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.engine import Engine
-from engine.layer_store import OffloadError, layout_of
+from engine.layer_store import OffloadError, layer_tensors, layout_of
 from engine.model import DecoderRunner
 from engine.offload import build_offloaded_runner
 from engine.tree import causal_mask, prefix_tree_mask
@@ -98,11 +98,11 @@ def test_layers_are_packed_and_stateless(gptq_pair):
 
 
 @needs_gptq
-@pytest.mark.parametrize(("resident", "ring"), [(0, 2), (1, 3)])
-def test_streamed_quantized_logits_equal_resident(gptq_pair, resident, ring):
+@pytest.mark.parametrize(("source", "resident", "ring"), [("ram", 0, 2), ("ram", 1, 3), ("disk", 0, 2), ("disk", 1, 3)])
+def test_streamed_quantized_logits_equal_resident(gptq_pair, source, resident, ring):
     target, _, _ = gptq_pair
     want = run_passes(DecoderRunner(checkpoint.load_model(target, torch.float32)))
-    runner = streamed_runner(target, source="ram", resident_layers=resident, ring_size=ring)
+    runner = streamed_runner(target, source=source, resident_layers=resident, ring_size=ring)
     try:
         assert len(runner.layers.streamed) == NUM_LAYERS - resident
         for _ in range(2):  # the second time, the ring has wrapped into the next passes
@@ -115,12 +115,21 @@ def test_streamed_quantized_logits_equal_resident(gptq_pair, resident, ring):
 
 
 @needs_gptq
-def test_disk_source_refuses_gptq_layers(gptq_pair):
-    """gptqmodel converts qzeros to its v2 format on load and adds non-persistent wf tables, so the
-    packed bytes in memory are not the file's bytes: the disk source refuses them up front."""
+def test_disk_source_redoes_the_v1_zero_point_conversion(gptq_pair):
+    """The file holds v1 zero points (each stored minus one); gptqmodel's kernel keeps v2. A disk read
+    must land the loaded bytes: without the fixup the layer check refuses the checkpoint."""
     target, _, _ = gptq_pair
-    with pytest.raises(OffloadError, match="use --offload-source ram"):
-        streamed_runner(target, source="disk", resident_layers=1)
+    model = checkpoint.load_model(target, torch.float32)
+    fixups = quant.disk_fixups(model, dict(enumerate(model.model.layers)))
+    assert set(fixups) == set(range(NUM_LAYERS))
+    assert all(len(f) == 7 and all(n.endswith(".qzeros") for n in f) for f in fixups.values())
+    assert quant.packed_ones(4, 32) == 0x11111111
+    layer = model.model.layers[0]
+    assert not any(n.startswith("mlp.up_proj.wf_") for n in layer_tensors(layer))  # constants stay put
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quant, "disk_fixups", lambda model, layers: {})
+        with pytest.raises(OffloadError, match="qzeros read from .* differs from the loaded weights"):
+            streamed_runner(target, source="disk", resident_layers=1)
 
 
 def reference_greedy(target: str, prompt: list[int], num_tokens: int) -> list[int]:
@@ -132,7 +141,7 @@ def reference_greedy(target: str, prompt: list[int], num_tokens: int) -> list[in
 
 
 @needs_gptq
-@pytest.mark.parametrize("offload", [False, True])
+@pytest.mark.parametrize("offload", [None, "ram", "disk"])
 def test_greedy_specexec_with_quantized_target_equals_target_alone(gptq_pair, offload):
     target, _, draft = gptq_pair
     prompt = [5, 17, 42, 9, 77, 130, 64]
@@ -140,7 +149,7 @@ def test_greedy_specexec_with_quantized_target_equals_target_alone(gptq_pair, of
     config = EngineConfig(
         model=ModelConfig(target=target, draft=draft),
         speculation=SpeculationConfig(budget=16),
-        offload=OffloadConfig(enabled=offload, source="ram", resident_layers=1),
+        offload=OffloadConfig(enabled=offload is not None, source=offload or "ram", resident_layers=1),
     )
     engine = Engine.load(config)
     try:
