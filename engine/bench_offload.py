@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from engine import checkpoint
+from engine import checkpoint, quant
 from engine.bench_target import build_bench_target
 from engine.config import EngineConfig, ModelConfig, OffloadConfig
 from engine.device import empty_buffer, empty_host, synchronize
@@ -99,33 +99,45 @@ def plain_copy_seconds(store: RamStore | DiskStore, dst: torch.Tensor) -> float:
     return time.perf_counter() - begin
 
 
-def load_unmapped(target: str, device: torch.device | str = "cpu") -> torch.nn.Module:
+def load_unmapped(
+    target: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
     """The model with its weights copied off the checkpoint's memory map: pages touched through a
     mapping stay in the page cache, which would turn the disk source's evicted reads into cached ones."""
-    model = checkpoint.load_model(target, torch.float32, device)
+    model = checkpoint.load_model(target, dtype, device)
     for param in model.parameters():
         param.data = param.data.clone()
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None:
+                module._buffers[name] = buf.clone()
     return model
 
 
-def streamed_runner(target: str, source: str, ring_size: int, device: torch.device) -> DecoderRunner:
+def streamed_runner(
+    target: str, source: str, ring_size: int, device: torch.device, dtype: torch.dtype = torch.float32
+) -> DecoderRunner:
     offload = OffloadConfig(enabled=True, source=source, resident_layers=0, ring_size=ring_size)
     config = EngineConfig(model=ModelConfig(target=target), offload=offload)
-    return build_offloaded_runner(load_unmapped(target), config, device)
+    return build_offloaded_runner(load_unmapped(target, "cpu", dtype), config, device)
 
 
-def measure(target: str, args: argparse.Namespace, device: torch.device) -> list[Row]:
+def measure(
+    target: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype = torch.float32
+) -> list[Row]:
     """Best of `rounds` alternating timings, so slow phases of a shared machine hit every variant alike."""
-    runners = {"resident": DecoderRunner(load_unmapped(target, device))}
+    runners = {"resident": DecoderRunner(load_unmapped(target, device, dtype))}
     runners.update(
-        {source: streamed_runner(target, source, args.ring_size, device) for source in args.sources}
+        {source: streamed_runner(target, source, args.ring_size, device, dtype) for source in args.sources}
     )
     streamers = {source: runners[source].layers for source in args.sources}
     copy_stores: dict[str, RamStore | DiskStore] = {}  # the same copies or reads, without a loader thread
     for source, streamer in streamers.items():
         prefixes = {idx: f"model.layers.{idx}." for idx in streamer.layouts}
         packed = {idx: layout_of(streamer.layers[idx]) for idx in streamer.layouts}
-        fresh = DiskStore(target, prefixes, packed, evict=True) if source == "disk" else None
+        streamed = {idx: streamer.layers[idx] for idx in streamer.layouts}
+        fixups = quant.disk_fixups(runners[source].config, streamed) if source == "disk" else {}
+        fresh = DiskStore(target, prefixes, packed, evict=True, fixups=fixups) if source == "disk" else None
         copy_stores[source] = fresh or streamer.store
     dst = empty_buffer(max(s.slot_bytes for s in streamers.values()), device).fill_(0)
     best: dict[tuple[str, int], tuple[float, float]] = {}  # (seconds, cores) of the fastest round

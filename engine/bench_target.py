@@ -1,28 +1,35 @@
-"""A seeded random Llama with few, wide decoder layers: the offload benchmark's default target.
+"""A seeded random Llama with few, wide decoder layers: the offload and quantization benchmarks' target.
 
 Real offloaded targets have layers of 0.4-1.7 GB; hundreds of tiny layers would measure per-op
-overhead instead of bandwidth. hidden 1024 and MLP 8192 give 117 MB per fp32 layer; the small
-vocabulary keeps the resident head cheap. Built in seconds, no downloads.
+overhead instead of bandwidth. hidden 1024 and MLP 8192 give 117 MB per fp32 layer; the vocabulary
+is the default model's (4096 tokens), whose tokenizer files are copied in, so tools that expect a
+complete checkpoint (gptqmodel's quantizer) accept it. Built in seconds, no downloads.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from engine.flags import DEFAULT_MODELS
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+VOCAB_SIZE = 4096  # the default model's tokenizer
+
 
 def bench_config(
-    num_layers: int = 4, hidden: int = 1024, mlp: int = 8192, vocab_size: int = 4096
+    num_layers: int = 4, hidden: int = 1024, mlp: int = 8192, vocab_size: int = VOCAB_SIZE
 ) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=mlp,
         num_hidden_layers=num_layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=hidden // 64,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 64),
         max_position_embeddings=4096,
         tie_word_embeddings=False,
         bos_token_id=1,
@@ -30,12 +37,24 @@ def bench_config(
     )
 
 
-def build_bench_target(folder: Path, seed: int = 0, num_layers: int = 4) -> tuple[Path, int]:
-    """Write the checkpoint to `folder`; returns it and its decoder layers' total bytes (fp32)."""
+def build_bench_target(
+    folder: Path,
+    seed: int = 0,
+    num_layers: int = 4,
+    hidden: int = 1024,
+    mlp: int = 8192,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Path, int]:
+    """Write the checkpoint (weights in `dtype`) to `folder`; returns it and its decoder layers' bytes.
+
+    The same seed and shape give the same weights whatever the dtype (drawn in fp32, then cast)."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(bench_config(num_layers)).to(torch.float32).eval()
+        model = LlamaForCausalLM(bench_config(num_layers, hidden, mlp)).to(torch.float32).eval()
+    model = model.to(dtype)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy2(DEFAULT_MODELS / "target" / name, folder / name)
     layer_bytes = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
     return folder, layer_bytes

@@ -114,7 +114,7 @@ def build_store(
     if cfg.source == "ram":
         return RamStore(streamed, layouts)
     prefixes = {idx: f"model.layers.{idx}." for idx in streamed}
-    fixups = quant.disk_fixups(model, streamed)
+    fixups = quant.disk_fixups(model.config, streamed)
     try:
         store = DiskStore(config.model.target, prefixes, layouts, cfg.evict_page_cache, fixups)
     except (OSError, ValueError) as exc:

@@ -141,8 +141,9 @@ V1_FORMATS = ("gptq",)  # checkpoint formats whose zero points are stored minus 
 CONSTANT_OFFSET_BITS = (2, 4, 8)  # widths whose +1 per field is one constant added to each packed word
 
 
-def checkpoint_format(model: nn.Module) -> str | None:
-    quant = getattr(model.config, "quantization_config", None)
+def checkpoint_format(model_config) -> str | None:
+    """The quantized checkpoint's on-disk format ("gptq": v1 zero points), from a loaded model's config."""
+    quant = getattr(model_config, "quantization_config", None)
     if quant is None:
         return None
     fields = quant if isinstance(quant, dict) else vars(quant)
@@ -158,11 +159,11 @@ def _add_inplace(tensor: torch.Tensor, value: int) -> None:
     tensor.add_(value)  # integer add wraps like the packed arithmetic it mirrors
 
 
-def disk_fixups(model: nn.Module, layers: dict[int, nn.Module]) -> dict[int, dict[str, Callable]]:
+def disk_fixups(model_config, layers: dict[int, nn.Module]) -> dict[int, dict[str, Callable]]:
     """Per streamed layer, the in-place changes that turn its file tensors into the loaded ones.
 
     Raises CheckpointError for a layer whose loaded form cannot be rebuilt from the file this way."""
-    fmt = checkpoint_format(model)
+    fmt = checkpoint_format(model_config)
     if fmt is None:
         return {}
     fixups: dict[int, dict[str, Callable]] = {}

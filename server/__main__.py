@@ -55,7 +55,11 @@ def add_optional_commands(sub: argparse._SubParsersAction) -> None:
 
     for name, module, help_text in (
         ("build-default", "engine.build_default", "train the built-in default model pair"),
-        ("bench", "engine.bench", "benchmark autoregressive vs SpecInfer vs SpecExec (`bench offload`: streaming)"),
+        (
+            "bench",
+            "engine.bench",
+            "benchmark autoregressive vs SpecInfer vs SpecExec (`bench offload`: streaming; `bench quant`: fp32/fp16/GPTQ bytes)",
+        ),
     ):
         try:
             mod = importlib.import_module(module)
@@ -66,14 +70,20 @@ def add_optional_commands(sub: argparse._SubParsersAction) -> None:
         cmd.set_defaults(func=mod.run)
 
 
-def bench_offload_parser() -> argparse.ArgumentParser:
-    from engine import bench_offload  # noqa: PLC0415
+BENCH_TOOLS = {  # `specexec bench NAME`: module, description
+    "offload": ("engine.bench_offload", "pass time resident vs streamed (ram, disk) and GB/s"),
+    "quant": ("engine.bench_quant", "bytes per pass and pass time: fp32 vs fp16 vs GPTQ 4-bit"),
+}
 
-    parser = argparse.ArgumentParser(
-        prog="specexec bench offload", description="pass time resident vs streamed (ram, disk) and GB/s"
-    )
-    bench_offload.add_arguments(parser)
-    parser.set_defaults(func=bench_offload.run)
+
+def bench_tool_parser(name: str) -> argparse.ArgumentParser:
+    import importlib  # noqa: PLC0415
+
+    module_name, description = BENCH_TOOLS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"specexec bench {name}", description=description)
+    module.add_arguments(parser)
+    parser.set_defaults(func=module.run)
     return parser
 
 
@@ -86,8 +96,8 @@ def quiet_optional_imports() -> None:
 def main(argv: list[str] | None = None) -> int:
     quiet_optional_imports()
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:2] == ["bench", "offload"]:
-        args = bench_offload_parser().parse_args(argv[2:])
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCH_TOOLS:
+        args = bench_tool_parser(argv[1]).parse_args(argv[2:])
     else:
         args = build_parser().parse_args(argv)
     from engine.checkpoint import CheckpointError  # noqa: PLC0415

@@ -15,10 +15,10 @@ from transformers import AutoModelForCausalLM
 
 from engine import checkpoint, offload
 from engine.config import ConfigError, EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
-from engine.disk_store import open_direct
+from engine.disk_store import DiskStore, open_direct
 from engine.engine import Engine
 from engine.layer_ring import LayerStreamer
-from engine.layer_store import OffloadError, RamStore
+from engine.layer_store import OffloadError, RamStore, constant_buffers, layer_tensors, layout_of
 from engine.model import DecoderRunner
 from engine.offload import build_offloaded_runner, plan_resident
 from engine.tree import causal_mask, prefix_tree_mask
@@ -370,6 +370,74 @@ def test_disk_layout_mismatch_is_caught_at_load(pairs):
     cfg = EngineConfig(model=ModelConfig(target=target), offload=OffloadConfig(enabled=True, source="disk"))
     with pytest.raises(OffloadError, match="mlp.down_proj.weight .* differs"):
         build_offloaded_runner(model, cfg, CPU)
+
+
+@pytest.mark.parametrize("evict", [True, False])
+def test_disk_fixups_turn_file_bytes_into_the_loaded_form(pairs, evict):
+    """A loader that changes a tensor after reading it (gptqmodel's zero points) is matched by a fixup
+    applied on every disk read; the layer check catches a missing one."""
+    target, _ = pairs("llama")
+    model = checkpoint.load_model(target, torch.float32)
+    want_model = checkpoint.load_model(target, torch.float32)
+    for layer in (model.model.layers, want_model.model.layers):
+        for block in layer:
+            block.input_layernorm.weight.data.add_(1.0)  # what a converting loader would have done
+    want = run_passes(DecoderRunner(want_model))
+    cfg = EngineConfig(
+        model=ModelConfig(target=target),
+        offload=OffloadConfig(enabled=True, source="disk", resident_layers=1, evict_page_cache=evict),
+    )
+    with pytest.raises(OffloadError, match="input_layernorm.weight .* differs"):
+        build_offloaded_runner(model, cfg, CPU)  # no fixup: refused
+
+    def add_one(tensor: torch.Tensor) -> None:
+        tensor.add_(1.0)
+
+    fixups = {idx: {"input_layernorm.weight": add_one} for idx in range(NUM_LAYERS)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(offload.quant, "disk_fixups", lambda config, layers: {i: fixups[i] for i in layers})
+        model = checkpoint.load_model(target, torch.float32)
+        for block in model.model.layers:
+            block.input_layernorm.weight.data.add_(1.0)
+        runner = build_offloaded_runner(model, cfg, CPU)
+    try:
+        for _ in range(2):  # the ring wraps: every read of every layer is fixed up, once
+            assert_same_logits(run_passes(runner), want)
+    finally:
+        runner.layers.close()
+
+
+def test_disk_fixup_for_an_unknown_tensor_is_refused(pairs):
+    target, _ = pairs("llama")
+    model = checkpoint.load_model(target, torch.float32)
+    packed = {1: layout_of(model.model.layers[1])}
+    with pytest.raises(ValueError, match="layer 1: fixups for tensors it does not have: nope.qzeros"):
+        DiskStore(target, {1: "model.layers.1."}, packed, evict=False, fixups={1: {"nope.qzeros": print}})
+
+
+@pytest.mark.parametrize("source", ["ram", "disk"])
+def test_non_persistent_buffers_stay_on_the_device_and_are_not_streamed(pairs, source):
+    """Constants a module builds for itself (not in the checkpoint) are not in the streamed layout;
+    they move to the device once, with the resident weights."""
+    target, _ = pairs("llama")
+    model = checkpoint.load_model(target, torch.float32)
+    for block in model.model.layers:
+        block.mlp.register_buffer("shift_table", torch.arange(8, dtype=torch.int32), persistent=False)
+    assert "mlp.shift_table" not in layer_tensors(model.model.layers[0])
+    assert constant_buffers(model.model.layers[0]) == [("mlp", "shift_table")]
+    cfg = EngineConfig(
+        model=ModelConfig(target=target), offload=OffloadConfig(enabled=True, source=source, resident_layers=1)
+    )
+    runner = build_offloaded_runner(model, cfg, CPU)
+    try:
+        for idx in runner.layers.streamed:
+            assert all("shift_table" not in e.name for e in runner.layers.layouts[idx].entries)
+        before = [layer.mlp.shift_table for layer in runner.hf_layers]
+        want = run_passes(DecoderRunner(checkpoint.load_model(target, torch.float32)))
+        assert_same_logits(run_passes(runner), want)
+        assert all(b is layer.mlp.shift_table for b, layer in zip(before, runner.hf_layers, strict=True))
+    finally:
+        runner.layers.close()
 
 
 def test_planner_fits_layers_and_ring_in_gpu_memory():

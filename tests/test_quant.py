@@ -120,14 +120,14 @@ def test_disk_source_redoes_the_v1_zero_point_conversion(gptq_pair):
     must land the loaded bytes: without the fixup the layer check refuses the checkpoint."""
     target, _, _ = gptq_pair
     model = checkpoint.load_model(target, torch.float32)
-    fixups = quant.disk_fixups(model, dict(enumerate(model.model.layers)))
+    fixups = quant.disk_fixups(model.config, dict(enumerate(model.model.layers)))
     assert set(fixups) == set(range(NUM_LAYERS))
     assert all(len(f) == 7 and all(n.endswith(".qzeros") for n in f) for f in fixups.values())
     assert quant.packed_ones(4, 32) == 0x11111111
     layer = model.model.layers[0]
     assert not any(n.startswith("mlp.up_proj.wf_") for n in layer_tensors(layer))  # constants stay put
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(quant, "disk_fixups", lambda model, layers: {})
+        mp.setattr(quant, "disk_fixups", lambda config, layers: {})
         with pytest.raises(OffloadError, match="qzeros read from .* differs from the loaded weights"):
             streamed_runner(target, source="disk", resident_layers=1)
 
