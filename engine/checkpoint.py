@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -60,7 +61,10 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu"
     hf_logging.disable_progress_bar()
     try:
         extra = quant.load_kwargs(config) if quantized else {}
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
+        with warnings.catch_warnings():
+            # our GPTQConfig only picks the kernel; transformers warns that it merges it into the checkpoint's
+            warnings.filterwarnings("ignore", message="You passed `quantization_config`", category=UserWarning)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot load weights: {exc}") from exc
     finally:
