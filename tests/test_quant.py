@@ -15,6 +15,7 @@ import torch
 from tiny_models import make_tiny_pair
 
 from engine import checkpoint, quant
+from engine.bench_quant import quantize_gptq
 from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.engine import Engine
 from engine.layer_store import OffloadError, layer_tensors, layout_of
@@ -32,24 +33,11 @@ needs_gptq = pytest.mark.skipif(
 
 
 def quantize_tiny_llama(folder: Path) -> tuple[str, str, str]:
-    """(GPTQ 4-bit, group 32, of a tiny Llama calibrated on random token ids; the fp32 original; an
-    fp32 noisy copy of it for a draft)."""
-    from gptqmodel import GPTQModel, QuantizeConfig  # noqa: PLC0415
-
+    """(GPTQ 4-bit, group 32, of a tiny Llama, quantized the way `specexec bench quant` does; the fp32
+    original; an fp32 noisy copy of it for a draft)."""
     target, draft = make_tiny_pair(folder, arch="llama", draft="noisy", seed=3, layers=NUM_LAYERS)
-    gen = torch.Generator().manual_seed(0)
-    calibration = [
-        {"input_ids": ids, "attention_mask": [1] * len(ids)}
-        for ids in torch.randint(3, 300, (16, 32), generator=gen).tolist()
-    ]
-    config = QuantizeConfig(bits=4, group_size=32, desc_act=False, sym=True, offload_to_disk=False)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GPTQMODEL_CPU_WORKERS", "2")  # its default, (cores + 1) // 2, fails on 2 cores
-        mp.chdir(folder)  # it writes a quantization log to ./logs
-        model = GPTQModel.load(str(target), config)
-        model.quantize(calibration, batch_size=4)
-        model.save(str(folder / "target-gptq"))
-    return str(folder / "target-gptq"), str(target), str(draft)
+    quantized = quantize_gptq(Path(target), folder / "target-gptq", group_size=32, seed=0)
+    return str(quantized), str(target), str(draft)
 
 
 @pytest.fixture(scope="module")
