@@ -1,17 +1,18 @@
 """Quantized checkpoints (GPTQ): detection, the optional `gptq` extra, loading, streamable kernels.
 
 A checkpoint is quantized when its config.json has a `quantization_config`. GPTQ checkpoints load
-through transformers + optimum + gptqmodel (`pip install 'specexec-server[gptq]'`); auto-gptq no
-longer imports with transformers 5 and is not used.
+through transformers + optimum + gptqmodel (`pip install 'specexec-server[gptq]'`). auto-gptq is
+not used even where installed: transformers 5's GPTQ quantizer requires gptqmodel and has no
+auto-gptq path left, and auto-gptq 0.7.1 itself no longer imports against transformers 5.
 
 Loading selects gptqmodel's plain torch kernel (TorchLinear): its packed tensors (qweight, qzeros,
-scales, g_idx, bias, and the non-persistent wf shift tables) are registered buffers, and it
-dequantises inside forward, one projection at a time, on whatever device the buffers are on. The
-offload layout covers parameters and buffers, so a streamed quantized layer moves in packed form
-(4-bit, group 128: 3.8x fewer bytes than fp16) and is never dequantised into a host copy. Kernels
-that repack
-their buffers on first use (gptqmodel's CPU default, TorchAtenLinear, rewrites qweight into a new
-shape and keeps `scales_and_zeros` as a plain attribute) cannot stream and are not selected.
+scales, g_idx, bias) are registered buffers, and it dequantises inside forward, one projection at
+a time, on whatever device the buffers are on. The offload layout covers parameters and persistent
+buffers, so a streamed quantized layer moves in packed form (4-bit, group 128: 3.8x fewer bytes
+than fp16) and is never dequantised into a host copy; its non-persistent wf shift tables (a few
+constant bytes) stay on the device. Kernels that repack their buffers on first use (gptqmodel's CPU
+default, TorchAtenLinear, rewrites qweight into a new shape and keeps `scales_and_zeros` as a plain
+attribute) cannot stream and are not selected; on CPU that choice costs speed (docs/bench/quant.md).
 
 A v1 ("gptq" format) checkpoint stores every packed zero point minus one; gptqmodel adds the one
 back on load (its v2 format). The disk source streams file bytes, so `disk_fixups` gives it the same
