@@ -107,13 +107,16 @@ def calibration_data(seed: int, vocab_size: int) -> list[dict[str, list[int]]]:
     return [{"input_ids": row, "attention_mask": [1] * len(row)} for row in ids.tolist()]
 
 
-def quantize_gptq(source: Path, folder: Path, group_size: int, seed: int, bits: int = 4) -> Path:
-    """GPTQ-quantize checkpoint `source` into `folder` with gptqmodel on this machine's CPU."""
+def quantize_gptq(
+    source: Path, folder: Path, group_size: int, seed: int, bits: int = 4, desc_act: bool = False
+) -> Path:
+    """GPTQ-quantize checkpoint `source` into `folder` with gptqmodel on this machine's CPU
+    (`desc_act`: act-order, as many published checkpoints are; g_idx is then not trivial)."""
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")  # its default, (cores + 1) // 2, fails on 2 cores
     from gptqmodel import GPTQModel, QuantizeConfig  # noqa: PLC0415
 
     vocab_size = json.loads((source / "config.json").read_text())["vocab_size"]
-    config = QuantizeConfig(bits=bits, group_size=group_size, desc_act=False, sym=True, offload_to_disk=False)
+    config = QuantizeConfig(bits=bits, group_size=group_size, desc_act=desc_act, sym=True, offload_to_disk=False)
     folder.mkdir(parents=True, exist_ok=True)
     with contextlib.chdir(folder):  # gptqmodel writes a quantization log to ./logs
         model = GPTQModel.load(str(source), config)

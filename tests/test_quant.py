@@ -32,17 +32,21 @@ needs_gptq = pytest.mark.skipif(
 )
 
 
-def quantize_tiny_llama(folder: Path) -> tuple[str, str, str]:
+def quantize_tiny_llama(folder: Path, desc_act: bool) -> tuple[str, str, str]:
     """(GPTQ 4-bit, group 32, of a tiny Llama, quantized the way `specexec bench quant` does; the fp32
     original; an fp32 noisy copy of it for a draft)."""
     target, draft = make_tiny_pair(folder, arch="llama", draft="noisy", seed=3, layers=NUM_LAYERS)
-    quantized = quantize_gptq(Path(target), folder / "target-gptq", group_size=32, seed=0)
+    quantized = quantize_gptq(Path(target), folder / "target-gptq", group_size=32, seed=0, desc_act=desc_act)
     return str(quantized), str(target), str(draft)
 
 
-@pytest.fixture(scope="module")
-def gptq_pair(tmp_path_factory) -> tuple[str, str, str]:
-    return quantize_tiny_llama(tmp_path_factory.mktemp("gptq"))
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "act-order"])
+def gptq_pair(request, tmp_path_factory) -> tuple[str, str, str]:
+    """Without and with act-order (desc_act: g_idx permutes the groups, as in TheBloke's
+    Llama-2-70B-chat-GPTQ main branch, the shipped GPTQ config)."""
+    if MISSING:
+        pytest.skip(f"the gptq extra is not installed: {quant.GPTQ_PIP}")
+    return quantize_tiny_llama(tmp_path_factory.mktemp("gptq"), desc_act=request.param)
 
 
 def run_passes(runner: DecoderRunner) -> list[torch.Tensor]:
@@ -80,6 +84,9 @@ def test_layers_are_packed_and_stateless(gptq_pair):
     assert all(e.dtype != torch.float32 for e in layout.entries if not e.name.endswith("norm.weight"))
     fp32_layout = layout_of(checkpoint.load_model(original, torch.float32).model.layers[0])
     assert layout.nbytes * 4 < fp32_layout.nbytes  # what the planner and the ring count: packed bytes
+    desc_act = json.loads((Path(target) / "config.json").read_text())["quantization_config"]["desc_act"]
+    g_idx = model.model.layers[0].mlp.down_proj.g_idx
+    assert torch.equal(g_idx, torch.arange(g_idx.numel(), dtype=g_idx.dtype) // 32) != desc_act
     run_passes(DecoderRunner(model))
     for layer in model.model.layers:
         assert quant.unregistered_tensors(layer) == []  # no caches or derived weights survive a call
