@@ -115,7 +115,8 @@ def make_streamable(model: nn.Module) -> None:
     for idx, layer in enumerate(model.model.layers):
         for name, sub in quantized_modules(layer).items():
             if not all(
-                hasattr(sub, a) for a in ("_stream_reset_cache", "enable_weight_cache", "enable_lookahead")
+                hasattr(sub, a)
+                for a in ("_stream_reset_cache", "enable_weight_cache", "enable_lookahead", "enable_streaming")
             ):
                 raise CheckpointError(
                     f"decoder layer {idx} {name}: quantized kernel {type(sub).__name__} is not supported "
@@ -124,6 +125,9 @@ def make_streamable(model: nn.Module) -> None:
             sub.__dict__.pop("dequantize_weight", None)  # the class's eager dequantiser, not a compiled copy
             sub.enable_weight_cache(False)  # GPTQ_TORCH_CACHE_WEIGHTS=1 would keep dequantised weights
             sub.enable_lookahead(False)  # GPTQ_TORCH_LOOKAHEAD=1 would prefetch into the next module
+            # CUDA only: GPTQ_TORCH_STREAMING=1 dequantises tiles on a side stream that never waits for
+            # the current one, so it could read a ring slot before the layer's copy into it has landed.
+            sub.enable_streaming(False)
             sub._maybe_offload_g_idx_to_cpu = _keep_g_idx
             sub.register_forward_hook(_reset_derived_state)
         stray = unregistered_tensors(layer)

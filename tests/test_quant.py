@@ -74,9 +74,13 @@ def streamed_runner(target: str, **offload_fields) -> DecoderRunner:
 
 
 @needs_gptq
-def test_layers_are_packed_and_stateless(gptq_pair):
+def test_layers_are_packed_and_stateless(gptq_pair, monkeypatch):
     target, original, _ = gptq_pair
+    for name in ("GPTQ_TORCH_STREAMING", "GPTQ_TORCH_CACHE_WEIGHTS", "GPTQ_TORCH_LOOKAHEAD"):
+        monkeypatch.setenv(name, "1")  # kernel options that keep state or use side streams: all undone
     model = checkpoint.load_model(target, torch.float32)
+    subs = [sub for layer in model.model.layers for sub in quant.quantized_modules(layer).values()]
+    assert subs and not any(s._streaming_enabled or s._cache_enabled or s._lookahead_enabled for s in subs)
     layout = layout_of(model.model.layers[0])
     names = {entry.name.rsplit(".", 1)[-1] for entry in layout.entries}
     assert {"qweight", "qzeros", "scales", "g_idx"} <= names
