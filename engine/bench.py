@@ -296,7 +296,10 @@ def resolve_target(args: argparse.Namespace) -> tuple[str, dict]:
     if args.pad_to_gb <= 0:
         return args.target, {}
     begin = time.perf_counter()
-    folder, plan = pad_checkpoint(args.target, cache_root(), args.pad_to_gb)
+    try:
+        folder, plan = pad_checkpoint(args.target, cache_root(), args.pad_to_gb)
+    except ValueError as exc:
+        raise CliError(f"--pad-to-gb: {exc}") from exc
     info = {**dataclasses.asdict(plan), "folder": str(folder), "seconds": time.perf_counter() - begin}
     return str(folder), info
 

@@ -152,6 +152,8 @@ def pad_checkpoint(
     archs = config.get("architectures") or []
     if not any(arch in SUPPORTED for arch in archs):
         raise ValueError(f"{source}: padding supports dense {', '.join(SUPPORTED)}, not {archs}")
+    if config.get("quantization_config"):
+        raise ValueError(f"{source}: padding supports unquantized checkpoints only (this one is quantized)")
     target_bytes = int(target_gb * 1e9)
     plan = plan_padding(config, target_bytes, layer_bytes)
     folder = root / f"{source.name}-{target_gb:g}gb-{fingerprint(source, plan, seed)}"

@@ -11,6 +11,7 @@ from tiny_models import build_model, build_tokenizer, save_checkpoint
 from engine import checkpoint
 from engine.pad_target import DONE_FILE, pad_checkpoint, plan_padding
 from engine.tree import causal_mask
+from server.__main__ import main
 
 
 def test_plan_reaches_size_with_wide_layers():
@@ -64,3 +65,22 @@ def test_padded_runs_through_engine_runner(tmp_path):
         cache = runner.new_cache(8)
         outs.append(runner.forward(ids, torch.arange(5), cache, 0, causal_mask(5, 0, ids.device)))
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+
+@pytest.mark.parametrize("arch", ["llama", "mixtral"])
+def test_unsupported_checkpoints_are_refused_from_the_cli(tmp_path, capsys, arch):
+    """A quantized or MoE target cannot be padded: `specexec bench` says so in one line, exit 2."""
+    tokenizer = build_tokenizer()
+    target = save_checkpoint(build_model(arch, len(tokenizer), seed=1, layers=2), tokenizer, tmp_path / "target")
+    if arch == "llama":  # what a GPTQ checkpoint's config.json carries
+        config = json.loads((target / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+        (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="unquantized checkpoints only" if arch == "llama" else "dense"):
+        pad_checkpoint(target, tmp_path / "cache", 0.01)
+    args = ["bench", "--target", str(target), "--draft", str(target), "--pad-to-gb", "0.01", "--out", str(tmp_path)]
+    capsys.readouterr()  # drop the checkpoint writer's progress bar
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specexec: error: --pad-to-gb: ") and err.count("\n") == 1
