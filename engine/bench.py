@@ -67,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-expand", type=int, default=128)
     parser.add_argument("--max-children", type=int, default=32)
     parser.add_argument("--max-depth", type=int, default=32)
+    parser.add_argument(
+        "--greedy-tree-temperature",
+        type=float,
+        default=SpeculationConfig.greedy_tree_temperature,
+        help="SpecExec, greedy requests: temperature of the draft log-probs that rank tree nodes",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
 
@@ -130,6 +136,7 @@ def engine_config(args: argparse.Namespace, target: str, mode: str) -> EngineCon
         max_expand=args.max_expand,
         max_children=args.max_children,
         max_depth=args.max_depth,
+        greedy_tree_temperature=args.greedy_tree_temperature,
     )
     offload = OffloadConfig(
         enabled=mode != "resident",

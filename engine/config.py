@@ -62,6 +62,9 @@ class SpeculationConfig:
     max_children: int = 32  # w: children proposed per expanded node
     max_depth: int = 32  # depth cap == draft forward cap per step
     decay: float = 1.0  # score += log(decay) per level (reference implementation: 0.95)
+    # greedy requests: tree nodes are ranked by draft log-probs at this temperature; below 1 sharpens
+    # them (deeper trees). 0.5 gave the default pair 20-25% more tokens per pass than 1.0 (README).
+    greedy_tree_temperature: float = 0.5
 
     def __post_init__(self) -> None:
         _require(
@@ -78,6 +81,11 @@ class SpeculationConfig:
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, f"speculation.{name}", f"must be >= 1, got {value!r}")
         _require(0.0 < self.decay <= 1.0, "speculation.decay", f"must be in (0, 1], got {self.decay!r}")
+        _require(
+            isinstance(self.greedy_tree_temperature, int | float) and 0.0 < self.greedy_tree_temperature <= 2.0,
+            "speculation.greedy_tree_temperature",
+            f"must be in (0, 2], got {self.greedy_tree_temperature!r}",
+        )
 
 
 @dataclass(frozen=True)

@@ -80,11 +80,14 @@ class Drafter:
         self.cache.commit(slots[slots >= 0])
 
 
-def draft_log_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The draft's scoring distribution: temperature-scaled (when sampling) and biased like the target."""
+def draft_log_probs(logits: torch.Tensor, params: SamplingParams, greedy_temperature: float = 1.0) -> torch.Tensor:
+    """The draft's scoring distribution, biased like the target: at the request's temperature when
+    sampling; at `greedy_temperature` for greedy requests, where a node is accepted only if it is the
+    target's argmax (verification is exact for any tree, so this only shapes the tree)."""
     logits = apply_logit_bias(logits, params.logit_bias)
-    if not params.greedy:
-        logits = logits / params.temperature
+    temperature = greedy_temperature if params.greedy else params.temperature
+    if temperature != 1.0:
+        logits = logits / temperature
     return logits.log_softmax(dim=-1)
 
 
@@ -108,9 +111,10 @@ def grow_tree(
     tree = root_tree(root_id, drafter.cache.length, root_logits.device)
 
     def expand(tree: Tree, selected: torch.Tensor) -> torch.Tensor:
-        return draft_log_probs(drafter.expand(tree, selected), params)
+        return draft_log_probs(drafter.expand(tree, selected), params, spec.greedy_tree_temperature)
 
-    return best_first_search(tree, draft_log_probs(root_logits, params), expand, spec, limits, drafter.room)
+    root_log_probs = draft_log_probs(root_logits, params, spec.greedy_tree_temperature)
+    return best_first_search(tree, root_log_probs, expand, spec, limits, drafter.room)
 
 
 def best_first_search(

@@ -22,6 +22,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type]] = {
     "--max-children": ("speculation", "max_children", int),
     "--max-depth": ("speculation", "max_depth", int),
     "--decay": ("speculation", "decay", float),
+    "--greedy-tree-temperature": ("speculation", "greedy_tree_temperature", float),
     "--offload-source": ("offload", "source", str),
     "--resident-layers": ("offload", "resident_layers", int),
     "--gpu-memory": ("offload", "gpu_memory", float),

@@ -22,7 +22,8 @@ def bigram_tree(
     limits = GrowLimits(budget=budget, max_depth=spec.max_depth, stop_mask=stop_mask)
 
     def expand(tree: Tree, selected: torch.Tensor) -> torch.Tensor:
-        return draft_log_probs(table[tree.token_ids[selected]], params)
+        return draft_log_probs(table[tree.token_ids[selected]], params, spec.greedy_tree_temperature)
 
     tree = root_tree(root, 0, torch.device("cpu"))
-    return best_first_search(tree, draft_log_probs(table[[root]], params), expand, spec, limits, lambda: 10**6)
+    root_log_probs = draft_log_probs(table[[root]], params, spec.greedy_tree_temperature)
+    return best_first_search(tree, root_log_probs, expand, spec, limits, lambda: 10**6)

@@ -143,6 +143,7 @@ BAD_FIELDS = [
     # out-of-range values
     ("[speculation]\nmax_expand = 0", "speculation.max_expand"),
     ("[speculation]\ndecay = 1.5", "speculation.decay"),
+    ("[speculation]\ngreedy_tree_temperature = 0", "speculation.greedy_tree_temperature"),
     ('[offload]\nsource = "nvme"', "offload.source"),
     ("[offload]\nring_size = 1", "offload.ring_size"),
     ('[model]\ndtype = "fp8"', "model.dtype"),

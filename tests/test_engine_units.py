@@ -19,9 +19,11 @@ from engine.verify import verify_tree
 VOCAB = 5
 
 
-def bigram_best_first(table: torch.Tensor, budget: int, spec: SpeculationConfig, stop: torch.Tensor) -> Tree:
+def bigram_best_first(
+    table: torch.Tensor, budget: int, spec: SpeculationConfig, stop: torch.Tensor, temperature: float = 1.0
+) -> Tree:
     """grow_tree's search loop with a bigram draft in place of a model forward."""
-    return bigram_tree(table, 0, SamplingParams(temperature=1.0), spec, budget, stop)
+    return bigram_tree(table, 0, SamplingParams(temperature=temperature), spec, budget, stop)
 
 
 def node_paths(tree: Tree) -> list[tuple[int, ...]]:
@@ -32,8 +34,10 @@ def node_paths(tree: Tree) -> list[tuple[int, ...]]:
     return paths
 
 
-def brute_force_top(table: torch.Tensor, budget: int, max_depth: int, stop: set[int]) -> set[tuple[int, ...]]:
-    log_probs = table.log_softmax(-1)
+def brute_force_top(
+    table: torch.Tensor, budget: int, max_depth: int, stop: set[int], temperature: float = 1.0
+) -> set[tuple[int, ...]]:
+    log_probs = (table / temperature).log_softmax(-1)
     scored = []
     for depth in range(1, max_depth + 1):
         for seq in itertools.product(range(VOCAB), repeat=depth):
@@ -49,19 +53,26 @@ def brute_force_top(table: torch.Tensor, budget: int, max_depth: int, stop: set[
 
 
 @pytest.mark.parametrize(("budget", "max_expand"), [(1, 1), (7, 2), (20, 3), (40, 64)])
-def test_tree_growth_picks_the_best_nodes_and_is_closed(budget, max_expand):
+@pytest.mark.parametrize(
+    ("temperature", "tree_temperature", "scored_at"),
+    [(1.0, 0.5, 1.0), (0.0, 1.0, 1.0), (0.0, 0.5, 0.5), (0.0, 0.3, 0.3), (0.7, 0.5, 0.7)],
+)
+def test_tree_growth_picks_the_best_nodes_and_is_closed(budget, max_expand, temperature, tree_temperature, scored_at):
+    """Sampled requests rank nodes at their own temperature; greedy ones at greedy_tree_temperature."""
     table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(budget)) * 2
     stop = torch.zeros(VOCAB, dtype=torch.bool)
     stop[4] = True
-    spec = SpeculationConfig(budget=budget, max_expand=max_expand, max_children=VOCAB, max_depth=6)
-    tree = bigram_best_first(table, budget, spec, stop)
+    spec = SpeculationConfig(
+        budget=budget, max_expand=max_expand, max_children=VOCAB, max_depth=6, greedy_tree_temperature=tree_temperature
+    )
+    tree = bigram_best_first(table, budget, spec, stop, temperature)
     assert tree.num_nodes == budget + 1  # budget draft tokens + root
     parents = tree.parents.tolist()
     assert parents[0] == -1 and all(0 <= p < i for i, p in enumerate(parents) if i > 0)
     assert (tree.depths[1:] == tree.depths[tree.parents[1:]] + 1).all()
     paths = node_paths(tree)
     assert len(set(paths)) == len(paths)  # siblings are distinct
-    assert set(paths[1:]) == brute_force_top(table, budget, 6, {4})
+    assert set(paths[1:]) == brute_force_top(table, budget, 6, {4}, scored_at)
     for node, path in enumerate(paths):  # no stop token was ever expanded
         assert 4 not in path[:-1], (node, path)
 
