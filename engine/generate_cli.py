@@ -53,7 +53,8 @@ def run_generate(config: EngineConfig, args: argparse.Namespace) -> int:
     engine = Engine.load(config)
     if engine.tokenizer is None:
         raise CliError(f"{config.model.target}: no tokenizer files; generate needs one")
-    prompt_ids = engine.tokenizer.encode(args.prompt, add_special_tokens=False)
+    # as /v1/completions encodes a text prompt (BOS where the tokenizer adds one), so both give the same text
+    prompt_ids = engine.tokenizer.encode(args.prompt, add_special_tokens=True)
     if not prompt_ids:
         raise CliError("--prompt is empty")
     token_ids: list[int] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from engine.config import ConfigError
@@ -109,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, ConfigError, CheckpointError, ContextLengthError, OffloadError) as exc:
         print(f"specexec: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `specexec generate ... | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
+        return 141  # 128 + SIGPIPE, as shell tools report it
 
 
 if __name__ == "__main__":

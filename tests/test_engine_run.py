@@ -123,7 +123,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_generate_prints_only_the_completion(pair):
     target, draft = pair
     engine = load(pair, budget=8)
-    prompt_ids = engine.tokenizer.encode("def add(a, b):", add_special_tokens=False)
+    prompt_ids = engine.tokenizer.encode("def add(a, b):", add_special_tokens=True)  # as /v1/completions does
     want = engine.tokenizer.decode(
         engine.generate_ids(prompt_ids, SamplingParams(temperature=0.0, max_tokens=12)), skip_special_tokens=True)
     out = run_cli("generate", "--target", target, "--draft", draft, "--prompt", "def add(a, b):",
@@ -131,6 +131,16 @@ def test_cli_generate_prints_only_the_completion(pair):
     assert out.returncode == 0, out.stderr
     assert out.stdout == want + "\n"
     assert "tokens_per_pass=" in out.stderr and "target_passes=" in out.stderr
+
+
+def test_cli_generate_into_a_closed_pipe_exits_quietly(pair):
+    target, draft = pair
+    args = [sys.executable, "-m", "server", "generate", "--target", target, "--draft", draft, "--prompt", "x",
+            "--max-tokens", "8", "--budget", "8"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # like `| head -c 0`: nobody reads the completion
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 141 and b"Traceback" not in err, err.decode()
 
 
 @pytest.mark.parametrize("args", [
