@@ -209,7 +209,8 @@ class Engine:
                 tracker.observe(params.temperature, stats.tree_size, timings, seq.acceptance_curve)
             new_ids, finish = self._finish(seq, new_ids, stop_ids)
             seq.emitted += len(new_ids)
-            totals.add_step(dataclasses.replace(stats, num_emitted=len(new_ids)))
+            stats = dataclasses.replace(stats, num_emitted=len(new_ids))  # after stop / max_tokens truncation
+            totals.add_step(stats)
             yield TokenDelta(request.request_id, new_ids, finish, stats, totals if finish else None)
             if finish is not None:
                 return

@@ -47,8 +47,9 @@ def apply_penalties(
 def apply_logit_bias(logits: torch.Tensor, logit_bias: dict[int, float]) -> torch.Tensor:
     if not logit_bias:
         return logits
-    ids = torch.tensor([i for i in logit_bias if i < logits.shape[1]], dtype=torch.long, device=logits.device)
-    vals = torch.tensor([logit_bias[i] for i in ids.tolist()], dtype=logits.dtype, device=logits.device)
+    keys = [i for i in logit_bias if i < logits.shape[1]]
+    ids = torch.tensor(keys, dtype=torch.long, device=logits.device)
+    vals = torch.tensor([logit_bias[i] for i in keys], dtype=logits.dtype, device=logits.device)
     logits = logits.clone()
     logits[:, ids] += vals
     return logits

@@ -16,7 +16,7 @@ from engine.model import DecoderRunner
 from engine.sampling import process_logits
 from engine.tree import Tree, causal_mask, path_token_counts, prefix_tree_mask
 from engine.types import SamplingParams, StepStats
-from engine.verify import Verdict, verify_specinfer, verify_tree
+from engine.verify import Verdict, path_probabilities, verify_specinfer, verify_tree
 
 PREFILL_CHUNK = 512
 
@@ -119,9 +119,10 @@ def align_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def step_curve(ctx: StepContext, seq: Sequence, tree: Tree, verdict: Verdict) -> torch.Tensor:
     """[n - 1] E[accepted] per smaller budget (empty unless tracking); greedy counts argmax paths."""
     if not ctx.track_acceptance:
-        return verdict.path_probs.new_zeros(0)
-    probs = node_indicator(tree.num_nodes, verdict.path) if seq.params.greedy else verdict.path_probs
-    return acceptance_curve(probs)
+        return tree.scores.new_zeros(0)
+    if seq.params.greedy:
+        return acceptance_curve(node_indicator(tree.num_nodes, verdict.path))
+    return acceptance_curve(path_probabilities(tree, verdict.logits))
 
 
 def run_step(ctx: StepContext, seq: Sequence) -> tuple[list[int], StepStats]:
@@ -139,24 +140,17 @@ def run_step(ctx: StepContext, seq: Sequence) -> tuple[list[int], StepStats]:
     num_new = verdict.path.shape[0]
     new_id_tensor = torch.cat([tree.token_ids[verdict.path[1:]], verdict.bonus_id.reshape(1)])  # [num_new]
     seq.output_counts.index_add_(0, new_id_tensor, torch.ones(num_new, device=device))
-    summary = torch.cat([
-        new_id_tensor.double(),
-        tree.depths.max().reshape(1).double(),
-        verdict.expected_accepted.reshape(1).double(),
-        step_curve(ctx, seq, tree, verdict).double(),
-    ]).tolist()  # the step's last host sync (verification's path is the other)
+    summary = torch.cat([new_id_tensor.double(), step_curve(ctx, seq, tree, verdict).double()]).tolist()
+    # ^ the step's last host sync (verification's path is the other)
     new_ids = [int(t) for t in summary[:num_new]]
-    depth, expected = int(summary[num_new]), summary[num_new + 1]
-    seq.acceptance_curve = summary[num_new + 2 :] if ctx.track_acceptance else None
+    seq.acceptance_curve = summary[num_new:] if ctx.track_acceptance else None
     seq.token_ids.extend(new_ids)
     stats = StepStats(
         tree_size=tree.num_nodes,
-        tree_depth=depth,
         num_accepted=len(new_ids) - 1,
         num_emitted=len(new_ids),
         draft_seconds=draft_seconds,
         target_seconds=target_seconds,
         step_seconds=time.perf_counter() - begin,
-        expected_accepted=expected,
     )
     return new_ids, stats

@@ -74,12 +74,9 @@ def path_token_counts(tree: Tree, vocab_size: int, include_root: bool) -> torch.
     """Counts of each token on every node's path (node included): [n, vocab] float.
 
     The root is counted only when it is a generated token (include_root)."""
-    anc = tree.ancestors
+    on_path = tree.ancestors.float()  # [n, n]: row i has a 1 for each node on i's path
     if not include_root:
-        anc = anc.clone()
-        anc[:, 0] = False
-    node_idx, anc_idx = anc.nonzero(as_tuple=True)
-    counts = torch.zeros(tree.num_nodes, vocab_size, device=anc.device)
-    ones = torch.ones(node_idx.shape[0], device=anc.device)
-    counts.index_put_((node_idx, tree.token_ids[anc_idx]), ones, accumulate=True)
-    return counts
+        on_path[:, 0] = 0.0
+    token_of = tree.token_ids[None, :].expand(tree.num_nodes, -1)  # [n, n]: column j's token
+    counts = torch.zeros(tree.num_nodes, vocab_size, device=on_path.device)
+    return counts.scatter_add_(1, token_of, on_path)  # no nonzero(): no host sync

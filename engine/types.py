@@ -63,13 +63,11 @@ class StepStats:
     """One engine step: one draft tree and one target pass."""
 
     tree_size: int  # nodes scored by the target, root included
-    tree_depth: int
     num_accepted: int  # draft tokens accepted (bonus token excluded)
     num_emitted: int  # tokens emitted this step (accepted + bonus, after stop truncation)
     draft_seconds: float
     target_seconds: float
     step_seconds: float
-    expected_accepted: float = 0.0  # sum over nodes of target path probability (SpecExec estimate)
 
 
 @dataclass(frozen=True)

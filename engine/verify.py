@@ -18,8 +18,7 @@ from engine.tree import Tree
 class Verdict:
     path: torch.Tensor  # [m] node indices root..last accepted, in depth order
     bonus_id: torch.Tensor  # [] long, the target's token after the last accepted node
-    expected_accepted: torch.Tensor  # [] float, sum over non-root nodes of the target path probability
-    path_probs: torch.Tensor  # [n] float, target probability of each node's path (root 1): --budget auto
+    logits: torch.Tensor  # [n, vocab] the processed target logits it was judged on (--budget auto's curve)
 
 
 def verify_tree(tree: Tree, logits: torch.Tensor, greedy: bool, generator: torch.Generator) -> Verdict:
@@ -32,10 +31,9 @@ def verify_tree(tree: Tree, logits: torch.Tensor, greedy: bool, generator: torch
     matches = tree.token_ids == drawn[parents]  # [n]
     matches[0] = True
     accepted = ~(tree.ancestors & ~matches[None, :]).any(dim=1)  # [n]
-    path = accepted.nonzero().squeeze(1)  # a host sync: the path length sizes the cache commit  # ascending index == ascending depth along one chain
-    last = path[-1]
-    probs = path_probabilities(tree, logits)
-    return Verdict(path=path, bonus_id=drawn[last], expected_accepted=probs[1:].sum(), path_probs=probs)
+    # ascending index == ascending depth along one chain; a host sync: the path length sizes the commit
+    path = accepted.nonzero().squeeze(1)
+    return Verdict(path=path, bonus_id=drawn[path[-1]], logits=logits)
 
 
 def path_probabilities(tree: Tree, logits: torch.Tensor) -> torch.Tensor:
@@ -89,10 +87,4 @@ def verify_specinfer(tree: Tree, logits: torch.Tensor, generator: torch.Generato
         path.append(current)
         target = probs[current]
     bonus = torch.multinomial(target, 1, generator=generator)[0]
-    path_probs = path_probabilities(tree, logits)
-    return Verdict(
-        path=torch.tensor(path, device=probs.device),
-        bonus_id=bonus,
-        expected_accepted=path_probs[1:].sum(),
-        path_probs=path_probs,
-    )
+    return Verdict(path=torch.tensor(path, device=probs.device), bonus_id=bonus, logits=logits)

@@ -92,7 +92,7 @@ class FakeEngine:
             if finish is None and emitted >= params.max_tokens:
                 finish = FinishReason.LENGTH
             self.steps_run += 1
-            stats = StepStats(tree_size=8, tree_depth=3, num_accepted=max(len(new_ids) - 1, 0),
+            stats = StepStats(tree_size=8, num_accepted=max(len(new_ids) - 1, 0),
                               num_emitted=len(new_ids), draft_seconds=0.001, target_seconds=0.002,
                               step_seconds=0.003)
             totals.add_step(stats)
