@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import os
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,10 +31,12 @@ from engine.bench_report import write_outputs
 from engine.checkpoint import load_tokenizer
 from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.device import synchronize
+from engine.disk_store import read_span
 from engine.engine import Engine
 from engine.flags import DEFAULT_MODELS, CliError
 from engine.model import DecoderRunner
 from engine.pad_target import cache_root, pad_checkpoint
+from engine.safetensors_index import read_index
 from engine.types import Request, SamplingParams
 
 DEFAULT_BUDGETS = "16,32,64,128,256,512,1024"
@@ -149,16 +149,9 @@ def engine_config(args: argparse.Namespace, target: str, mode: str) -> EngineCon
 
 def layer_ranges(folder: str) -> list[tuple[str, int, int]]:
     """(file, offset, nbytes) of every decoder-layer tensor in a checkpoint's safetensors files."""
-    ranges = []
-    for path in sorted(Path(folder).glob("*.safetensors")):
-        with path.open("rb") as handle:
-            header_len = struct.unpack("<Q", handle.read(8))[0]
-            header = json.loads(handle.read(header_len))
-        for name, entry in header.items():
-            if name.startswith("model.layers."):
-                begin, end = entry["data_offsets"]
-                ranges.append((str(path), 8 + header_len + begin, end - begin))
-    return sorted(ranges)
+    index = read_index(folder)
+    layers = (loc for name, loc in index.items() if name.startswith("model.layers."))
+    return sorted((loc.path, loc.file_offset, loc.nbytes) for loc in layers)
 
 
 def measure_link(mode: str, folder: str, reps: int = 2) -> dict[str, float]:
@@ -182,10 +175,7 @@ def measure_link(mode: str, folder: str, reps: int = 2) -> dict[str, float]:
                 if src is not None:
                     dst[:size].copy_(src[:size])
                     continue
-                view = memoryview(dst.numpy())[:size]
-                done = 0
-                while done < size:
-                    done += os.preadv(fds[path], [view[done:]], offset + done)
+                read_span(fds[path], path, dst[:size], offset, size)
             best = min(best, time.perf_counter() - begin)
     finally:
         for fd in fds.values():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from engine import checkpoint, quant
+from engine import checkpoint
 from engine.bench_target import build_bench_target
 from engine.config import EngineConfig, ModelConfig, OffloadConfig
 from engine.device import empty_buffer, empty_host, synchronize
@@ -28,7 +28,7 @@ from engine.disk_store import DiskStore
 from engine.layer_ring import LayerStreamer
 from engine.layer_store import RamStore, layout_of
 from engine.model import DecoderRunner
-from engine.offload import build_offloaded_runner
+from engine.offload import build_offloaded_runner, open_disk_store
 from engine.tree import causal_mask
 
 GOAL = 1.15  # streamed pass time / max(copy time, compute time)
@@ -133,12 +133,12 @@ def measure(
     streamers = {source: runners[source].layers for source in args.sources}
     copy_stores: dict[str, RamStore | DiskStore] = {}  # the same copies or reads, without a loader thread
     for source, streamer in streamers.items():
-        prefixes = {idx: f"model.layers.{idx}." for idx in streamer.layouts}
-        packed = {idx: layout_of(streamer.layers[idx]) for idx in streamer.layouts}
-        streamed = {idx: streamer.layers[idx] for idx in streamer.layouts}
-        fixups = quant.disk_fixups(runners[source].config, streamed) if source == "disk" else {}
-        fresh = DiskStore(target, prefixes, packed, evict=True, fixups=fixups) if source == "disk" else None
-        copy_stores[source] = fresh or streamer.store
+        if source == "disk":
+            streamed = {idx: streamer.layers[idx] for idx in streamer.layouts}
+            packed = {idx: layout_of(layer) for idx, layer in streamed.items()}
+            copy_stores[source] = open_disk_store(target, runners[source].config, streamed, packed, evict=True)
+        else:
+            copy_stores[source] = streamer.store
     dst = empty_buffer(max(s.slot_bytes for s in streamers.values()), device).fill_(0)
     best: dict[tuple[str, int], tuple[float, float]] = {}  # (seconds, cores) of the fastest round
     inf = (float("inf"), 0.0)
@@ -186,10 +186,15 @@ def print_table(rows: list[Row]) -> None:
     print("seconds per wall second during the streamed passes (compute and loader need one core each).")
 
 
+def set_threads(threads: int, device: torch.device) -> None:
+    """`threads`, or on CPU all cores but one: the loader thread needs a core to overlap compute."""
+    if threads or device.type == "cpu":
+        torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) - 1))
+
+
 def run(args: argparse.Namespace) -> int:
     device = checkpoint.resolve_device(args.device)
-    if args.threads or device.type == "cpu":
-        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 2) - 1))
+    set_threads(args.threads, device)
     with tempfile.TemporaryDirectory(prefix="specexec-bench-offload-") as tmp:
         target = args.target
         if target is None:

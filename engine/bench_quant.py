@@ -31,9 +31,10 @@ from pathlib import Path
 import torch
 
 from engine import bench_offload, quant
+from engine.bench import csv
 from engine.bench_target import VOCAB_SIZE, build_bench_target
 from engine.checkpoint import resolve_device
-from engine.pad_target import cache_root
+from engine.pad_target import cache_base
 
 PRECISIONS = ("fp32", "fp16", "gptq-4bit")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "gptq-4bit": torch.float32}  # load (activation) dtype
@@ -55,13 +56,9 @@ class QuantRow:
     disk_streamed_s: float | None = None
 
 
-def csv(text: str) -> list[str]:
-    return [v for v in text.split(",") if v]
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--precisions", type=csv, default=list(PRECISIONS), help=f"comma list of {PRECISIONS}"
+        "--precisions", type=csv(str), default=list(PRECISIONS), help=f"comma list of {PRECISIONS}"
     )
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 32], help="tokens per pass")
     parser.add_argument("--passes", type=int, default=2, help="back-to-back passes per timing")
@@ -79,13 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache-dir",
         type=Path,
         default=None,
-        help="where built checkpoints are kept (default: ~/.cache/specexec)",
+        help="where built checkpoints are kept (default: ~/.cache/specexec/quant-bench)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
 
 
 def cache_dir(args: argparse.Namespace) -> Path:
-    return args.cache_dir or cache_root().parent / "quant-bench"
+    return args.cache_dir or cache_base() / "quant-bench"
 
 
 def shape_key(args: argparse.Namespace, precision: str) -> str:
@@ -217,8 +214,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     device = resolve_device(args.device)
-    if args.threads or device.type == "cpu":
-        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 2) - 1))
+    bench_offload.set_threads(args.threads, device)
     precisions = [p for p in PRECISIONS if p in args.precisions]
     skipped = []
     if "gptq-4bit" in precisions and quant.missing_modules():

@@ -23,6 +23,7 @@ from engine.layer_store import (
     OffloadError,
     RamStore,
     anonymous_bytes,
+    constant_buffers,
     host_memory_available,
     layer_tensors,
     layout_of,
@@ -92,12 +93,13 @@ def host_bytes_needed(
 def move_to_device(model: nn.Module, skip: list[nn.Module], device: torch.device) -> None:
     """Move every parameter and buffer to `device` except the streamed ones of the layers in `skip`
     (their non-persistent constant buffers move: they are not streamed)."""
+    for layer in skip:
+        for owner_name, name in constant_buffers(layer):
+            owner = layer.get_submodule(owner_name)
+            owner._buffers[name] = owner._buffers[name].to(device)
     skipped = {id(m) for layer in skip for m in layer.modules()}
     for module in model.modules():
         if id(module) in skipped:
-            for name in module._non_persistent_buffers_set:
-                if module._buffers.get(name) is not None:
-                    module._buffers[name] = module._buffers[name].to(device)
             continue
         for param in module._parameters.values():
             if param is not None:
@@ -113,10 +115,8 @@ def build_store(
     cfg = config.offload
     if cfg.source == "ram":
         return RamStore(streamed, layouts)
-    prefixes = {idx: f"model.layers.{idx}." for idx in streamed}
-    fixups = quant.disk_fixups(model.config, streamed)
     try:
-        store = DiskStore(config.model.target, prefixes, layouts, cfg.evict_page_cache, fixups)
+        store = open_disk_store(config.model.target, model.config, streamed, layouts, cfg.evict_page_cache)
     except (OSError, ValueError) as exc:
         raise OffloadError(
             f"offload source disk: cannot read layers from {config.model.target!r}: {exc}"
@@ -129,6 +129,15 @@ def build_store(
     for idx, module in streamed.items():
         LayerBinding(module, store.layouts[idx]).bind(store.rest[idx])  # frees the host copy
     return store
+
+
+def open_disk_store(
+    folder: str, model_config, streamed: dict[int, nn.Module], layouts: dict[int, LayerLayout], evict: bool
+) -> DiskStore:
+    """The disk tier for decoder layers `streamed` of the checkpoint in `folder` (loaded in `layouts`),
+    with the fixups that turn file bytes into the loaded form (quantized checkpoints)."""
+    prefixes = {idx: f"model.layers.{idx}." for idx in streamed}
+    return DiskStore(folder, prefixes, layouts, evict, quant.disk_fixups(model_config, streamed))
 
 
 def check_disk_layout(store: DiskStore, streamed: dict[int, nn.Module]) -> None:

@@ -30,6 +30,7 @@ ALIGN_UNITS = 256  # padded intermediate size is a multiple of this
 ZERO_SUFFIXES = ("o_proj.weight", "o_proj.bias", "down_proj.weight", "down_proj.bias")
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 DONE_FILE = "padding.json"
+COPY_FORMAT = 2  # part of the cache key: 2 copies every non-weight file (1 left tokenizer_config.json out)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def padded_config(config: dict, plan: PadPlan) -> dict:
 
 
 def fingerprint(folder: Path, plan: PadPlan, seed: int) -> str:
-    digest = hashlib.sha256(f"{folder.resolve()}|{plan}|{seed}".encode())
+    digest = hashlib.sha256(f"{folder.resolve()}|{plan}|{seed}|{COPY_FORMAT}".encode())
     for path in sorted(folder.iterdir()):
         if path.is_file():
             stat = path.stat()
@@ -138,9 +139,13 @@ def fingerprint(folder: Path, plan: PadPlan, seed: int) -> str:
     return digest.hexdigest()[:12]
 
 
+def cache_base() -> Path:
+    """~/.cache/specexec (or under $XDG_CACHE_HOME): built benchmark checkpoints."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "specexec"
+
+
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "specexec" / "padded"
+    return cache_base() / "padded"
 
 
 def pad_checkpoint(
@@ -161,13 +166,10 @@ def pad_checkpoint(
         return folder, plan
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    for path in source.iterdir():
-        if path.is_file() and not path.name.endswith(
-            (".safetensors", ".safetensors.index.json", "config.json")
-        ):
+    for path in source.iterdir():  # tokenizer, chat template, generation config: as they are
+        weights = path.name.endswith((".safetensors", ".safetensors.index.json"))
+        if path.is_file() and not weights and path.name != "config.json":
             shutil.copy2(path, folder / path.name)
-    if (source / "generation_config.json").is_file():
-        shutil.copy2(source / "generation_config.json", folder / "generation_config.json")
     tensors = padded_tensors(read_tensors(source), config["num_hidden_layers"], plan, seed)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(padded_config(config, plan), indent=2))

@@ -169,12 +169,12 @@ def disk_fixups(model_config, layers: dict[int, nn.Module]) -> dict[int, dict[st
 
     Raises CheckpointError for a layer whose loaded form cannot be rebuilt from the file this way."""
     fmt = checkpoint_format(model_config)
-    if fmt is None:
+    if fmt not in V1_FORMATS:  # None (not quantized) or a format stored as loaded
         return {}
     fixups: dict[int, dict[str, Callable]] = {}
     for idx, layer in layers.items():
         for name, sub in quantized_modules(layer).items():
-            if fmt not in V1_FORMATS or sub.qzero_format() != 2:
+            if sub.qzero_format() != 2:  # the kernel keeps the file's v1 zero points
                 continue
             if sub.bits not in CONSTANT_OFFSET_BITS:
                 raise CheckpointError(
