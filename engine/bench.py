@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass
 class RunResult:
-    """One configuration over every prompt: raw per-prompt figures, summed where it makes sense."""
+    """One configuration over every prompt: raw figures, one list entry per prompt."""
 
     mode: str
     temperature: float

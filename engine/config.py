@@ -1,6 +1,6 @@
 """Engine configuration: frozen dataclasses validated on construction.
 
-Every field maps 1:1 to a CLI flag (`--field-name`) and to a key of a configs/ TOML file
+Every field is a key of a configs/ TOML file, and most have a CLI flag (engine.flags)
 (section = dataclass: [model], [speculation], [offload], [limits], [server]).
 """
 

@@ -8,7 +8,7 @@ Two ways to read a layer:
   the read time on this machine's CPU, which streaming must leave to compute).
 - pieces: anything else (dtype conversion, fused MoE experts, a layer split over shards) reads
   tensor by tensor into the packed layout, dropping the pages afterwards with `evict`.
-Either way every pass reads from the device, as if the model were larger than RAM.
+Either way, with `evict`, every pass reads from the device, as if the model were larger than RAM.
 
 Where a loader changes a tensor from its file form (gptqmodel adds one to each zero point of a
 GPTQ v1 checkpoint), `fixups` redo that change in place on each read, before the layer is used.
@@ -67,7 +67,7 @@ class DiskStore:
         self.evict = evict
         self.fixups: dict[int, list[tuple[TensorEntry, Fixup]]] = {}
         self.layouts: dict[int, LayerLayout] = {}
-        self.plans: dict[int, list[ReadPiece]] = {}  # pieces mode: in file order
+        self.plans: dict[int, list[ReadPiece]] = {}  # every layer, in file order (pieces mode reads them)
         self.spans: dict[int, tuple[str, int, int]] = {}  # span mode: (path, start, bytes needed)
         for idx, prefix in prefixes.items():
             layout = packed[idx]

@@ -7,7 +7,8 @@ released its slot, so at most ring_size streamed layers are ever materialised on
 after a pass's last streamed layer the loader goes on with the next pass's first layers (the ring
 wraps, so they prefetch while the draft works).
 
-CUDA: the loader only queues copies on per-slot copy streams, ordered with events (engine.device).
+CUDA: the loader queues copies on per-slot copy streams, ordered with events (engine.device); with
+the disk source it first reads each layer into pinned staging itself (a blocking read).
 CPU: the loader thread does the copies (or disk reads) into RAM slots itself, in parallel with compute.
 A loader failure is stored and raised in the compute thread at the next layer it needs.
 """
@@ -91,7 +92,8 @@ class LayerStreamer:
         self._start()
 
     def wait_prefetched(self) -> None:
-        """Block until the loader has filled the ring (or failed): no load is in flight (benchmarks)."""
+        """Block until the loader has filled the ring (or failed): no read or host copy is in flight;
+        on CUDA the last queued device copies may still be running (benchmarks)."""
         with self._cond:
             self._cond.wait_for(
                 lambda: (

@@ -50,7 +50,8 @@ class EngineUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class JobReport:
-    """Handed to `on_finish` after a request leaves the loop (worker thread)."""
+    """Handed to `on_finish` after a request leaves the loop (from the worker thread; from the
+    caller's thread when a still-waiting request is aborted or the loop stops)."""
 
     request_id: str
     finish_reason: FinishReason

@@ -16,7 +16,7 @@ attribute) cannot stream and are not selected; on CPU that choice costs speed (d
 
 A v1 ("gptq" format) checkpoint stores every packed zero point minus one; gptqmodel adds the one
 back on load (its v2 format). The disk source streams file bytes, so `disk_fixups` gives it the same
-addition to redo on each read (qzeros are 1/group_size of qweight: a few KB per layer).
+addition to redo on each read (qzeros are 1/group_size of qweight, ~3 MB per Llama-2-70B layer).
 
 `make_streamable` removes the torch kernel's per-module state that would outlive a call:
 decoded-zeros and g_idx caches (derived tensors that would stay on the device for every streamed

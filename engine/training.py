@@ -1,8 +1,9 @@
 """Corpus, tokenizer and training loops behind `specexec build-default`.
 
-Everything here is CPU-friendly and deterministic for a fixed seed, as long as no stage hits its
-wall-clock limit (a stage that does is cut short; the learning-rate schedule follows whichever of
-step count and elapsed time is further along, so a cut stage still ends annealed).
+Everything here is CPU-friendly and deterministic for a fixed seed as long as each stage's step
+count stays ahead of its elapsed share of the wall-clock limit: the learning-rate schedule follows
+whichever of the two is further along (so a stage cut by the limit still ends annealed), so once
+time leads, the schedule and results depend on the machine's speed.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ CHAT_TEMPLATE = (
 
 
 def list_corpus_files(root: Path, max_files: int | None = None) -> list[Path]:
-    """All readable UTF-8 .py files under `root` (site-packages excluded), sorted by relative path."""
+    """Every .py file under `root` (site-packages excluded), sorted by relative path; read_texts
+    skips the unreadable and non-UTF-8 ones."""
     files = []
     for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
         rel = path.relative_to(root).as_posix()

@@ -39,12 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     add_engine_arguments(serve)
-    try:
-        from server.serve import add_server_arguments  # noqa: PLC0415
-    except ImportError:  # the server package is optional for engine-only installs
-        add_server_arguments = None
-    if add_server_arguments is not None:
-        add_server_arguments(serve)
+    from server.serve import add_server_arguments  # noqa: PLC0415
+
+    add_server_arguments(serve)
     serve.set_defaults(func=cmd_serve)
     add_optional_commands(sub)
     return parser

@@ -20,11 +20,11 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from engine.config import EngineConfig
-from engine.types import EngineFault, SamplingParams
 from engine.types import Request as EngineRequest
+from engine.types import SamplingParams
 from server.config import ServerConfig
 from server.detok import TextStream
-from server.errors import APIError, authentication_error, engine_down, install_error_handlers, internal_error
+from server.errors import APIError, authentication_error, generation_error, install_error_handlers
 from server.generation import Generation
 from server.metrics import CONTENT_TYPE
 from server.prompt import PromptBuilder
@@ -153,13 +153,13 @@ async def _serve(request: Request, chat: bool) -> Response:
     state = _state(request)
     endpoint = "chat" if chat else "completions"
     try:
-        return await _generate(request, state, chat)
+        return await _generate(request, state, chat, endpoint)
     except APIError as exc:
         state.metrics.rejected.labels(endpoint, str(exc.status)).inc()
         raise
 
 
-async def _generate(request: Request, state: ServerState, chat: bool) -> Response:
+async def _generate(request: Request, state: ServerState, chat: bool, endpoint: str) -> Response:
     req: SamplingRequest = parse_request(await request.body(), ChatCompletionRequest if chat else CompletionRequest)
     loop, prompt = state.require_ready()
     state.check_model(req.model)
@@ -172,8 +172,7 @@ async def _generate(request: Request, state: ServerState, chat: bool) -> Respons
     params = sampling_params(req, max_tokens, prompt)
     env = Envelope(chat, state.model_name, state.fingerprint)
     text = TextStream(prompt.tokenizer, stop_strings(req))
-    gen = Generation(loop, EngineRequest(env.id, prompt_ids, params), text, state.metrics,
-                     "chat" if chat else "completions")
+    gen = Generation(loop, EngineRequest(env.id, prompt_ids, params), text, state.metrics, endpoint)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return stream_response(gen, env, loop, include_usage, state.server_config.ping_seconds)
@@ -219,13 +218,11 @@ async def _collect(request: Request, gen: Generation, env: Envelope) -> Response
                 task.cancel()
                 return Response(status_code=499)
         task.result()
-    except EngineFault as exc:
-        raise engine_down(str(exc)) from None
-    except APIError:
-        raise
     except Exception as exc:
-        log.exception("request %s failed", gen.request_id)
-        raise internal_error(exc) from None
+        error = generation_error(exc)
+        if error.status == 500:
+            log.exception("request %s failed", gen.request_id)
+        raise error from None
     finally:
         if not task.done():
             task.cancel()

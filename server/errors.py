@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.types import ContextLengthError
+from engine.types import ContextLengthError, EngineFault
 
 log = logging.getLogger("specexec.server")
 
@@ -114,6 +114,15 @@ def engine_down(reason: str) -> APIError:
 def internal_error(exc: BaseException) -> APIError:
     return APIError(500, f"Internal error while generating: {type(exc).__name__}: {exc}", type="server_error",
                     code="internal_error")
+
+
+def generation_error(exc: BaseException) -> APIError:
+    """What a request that failed while generating reports, streamed or not."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, EngineFault):
+        return engine_down(str(exc))
+    return internal_error(exc)
 
 
 async def _api_error_handler(request: Request, exc: Exception) -> JSONResponse:

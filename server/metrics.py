@@ -1,7 +1,8 @@
 """Prometheus metrics (prometheus-client), one CollectorRegistry per app.
 
 Engine-side numbers (target passes, tokens accepted per pass, step times, aborts) are
-recorded from the engine loop's worker thread through `observe_delta` / `observe_finish`;
+recorded through `observe_delta` (engine loop's worker thread) and `observe_finish` (the worker
+thread, or the event loop when a waiting request is aborted or the loop stops);
 request and token counts are recorded by the HTTP handlers.
 """
 

@@ -79,9 +79,7 @@ class PromptBuilder:
                 token_id = int(key)
             except ValueError:
                 raise invalid_request(f"logit_bias keys must be token ids, got {key!r}.", "logit_bias") from None
-            if not 0 <= token_id < self.vocab_size:
-                raise invalid_request(f"logit_bias token id {token_id} is out of range [0, {self.vocab_size}).",
-                                      "logit_bias")
+            self.check_token_ids([token_id], "logit_bias")
             if not -100 <= value <= 100:
                 raise invalid_request(f"logit_bias values must be in [-100, 100], got {value}.", "logit_bias")
             out[token_id] = float(value)
@@ -91,11 +89,8 @@ class PromptBuilder:
         """The completion budget; a ContextLengthError becomes a 400 context_length_exceeded."""
         if prompt_len == 0:
             raise invalid_request("The prompt is empty after tokenization.", param)
-        if requested is None:
-            room = self.max_context - prompt_len
-            if room < 1:
-                raise context_length_error(ContextLengthError(prompt_len, 1, self.max_context), param)
-            requested = min(self.default_max_tokens, room)
+        if requested is None:  # the default, cut to the room left (at least 1, so a full prompt is refused)
+            requested = min(self.default_max_tokens, max(1, self.max_context - prompt_len))
         try:
             self._validate(prompt_len, requested)
         except ContextLengthError as exc:

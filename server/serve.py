@@ -42,8 +42,6 @@ def server_config_from(args: argparse.Namespace | None, toml_section: dict | Non
         value = getattr(args, name, None) if args is not None else None
         if value is None:
             continue
-        if name == "cors_origins" and isinstance(value, str):
-            value = [o.strip() for o in value.split(",") if o.strip()]
         values[name] = value
     if "cors_origins" in values and isinstance(values["cors_origins"], str):
         values["cors_origins"] = [o.strip() for o in values["cors_origins"].split(",") if o.strip()]

@@ -19,7 +19,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Message
 
 from engine.loop import EngineLoop
-from server.errors import error_body
+from server.errors import generation_error
 from server.generation import Generation
 from server.responses import Envelope
 
@@ -47,9 +47,11 @@ async def chunk_events(gen: Generation, env: Envelope, include_usage: bool) -> A
         yield dumps(env.chunk(None, gen.finish_reason, timings=gen.timings()))
         if include_usage:
             yield dumps(env.usage_chunk(gen.usage()))
-    except Exception as exc:  # streaming has begun: report in-band, then end the stream
-        log.exception("request %s failed while streaming", gen.request_id)
-        yield dumps(error_body(f"{type(exc).__name__}: {exc}", "server_error", None, "internal_error"))
+    except Exception as exc:  # streaming has begun: report in-band (as a 200 would not), then end the stream
+        error = generation_error(exc)
+        if error.status == 500:
+            log.exception("request %s failed while streaming", gen.request_id)
+        yield dumps(error.body())
     yield "[DONE]"
 
 

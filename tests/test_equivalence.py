@@ -17,7 +17,6 @@ from engine.types import Request, SamplingParams
 NUM_PROMPTS = 20
 NEW_TOKENS = 64
 TIE_GAP = 1e-4
-TIES: list[tuple[str, int]] = []
 
 
 def make_prompts(vocab_size: int, seed: int) -> list[list[int]]:
@@ -97,7 +96,6 @@ def test_greedy_equals_target_alone(pairs, arch, draft, method, budget):
         mismatch, tie = count_mismatch(got, want, gaps)
         mismatches += mismatch
         ties += tie
-    TIES.append((f"{arch}/{draft}/{method}/{budget}", ties))
     print(f"{arch} {draft} {method} budget={budget}: mismatches={mismatches} ties={ties} "
           f"tokens/pass={emitted / passes:.2f}")
     assert mismatches == 0

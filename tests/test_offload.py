@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from offload_passes import CPU, assert_same_logits, run_passes, streamed_runner
 from tiny_models import build_model, make_tiny_pair
 from transformers import AutoModelForCausalLM
 
@@ -21,12 +22,10 @@ from engine.layer_ring import LayerStreamer
 from engine.layer_store import OffloadError, RamStore, constant_buffers, layer_tensors, layout_of
 from engine.model import DecoderRunner
 from engine.offload import build_offloaded_runner, plan_resident
-from engine.tree import causal_mask, prefix_tree_mask
 from engine.types import SamplingParams
 
 ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
 NUM_LAYERS = 4
-CPU = torch.device("cpu")
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -42,37 +41,6 @@ def pairs(tmp_path_factory):
         return cache[arch]
 
     return get
-
-
-def streamed_runner(target: str, device: torch.device = CPU, **offload_fields) -> DecoderRunner:
-    cfg = EngineConfig(
-        model=ModelConfig(target=target), offload=OffloadConfig(enabled=True, **offload_fields)
-    )
-    return build_offloaded_runner(checkpoint.load_model(target, torch.float32), cfg, device)
-
-
-def run_passes(runner: DecoderRunner, device: torch.device = CPU) -> list[torch.Tensor]:
-    """A prefill pass over 9 prompt tokens, then a tree pass (7 nodes) on top; logits of both."""
-    gen = torch.Generator().manual_seed(0)
-    prompt_ids = torch.randint(3, runner.vocab_size, (9,), generator=gen).to(device)
-    cache = runner.new_cache(32)
-    prefill = runner.forward(prompt_ids, torch.arange(9, device=device), cache, 0, causal_mask(9, 0, device))
-    cache.length = 9
-    parents = [-1, 0, 0, 1, 1, 2, 4]  # node i's parent; depth grows along each path
-    depths = torch.tensor([0, 1, 1, 2, 2, 2, 3], device=device)
-    ancestors = torch.eye(7, dtype=torch.bool)
-    for node, parent in enumerate(parents):
-        if parent >= 0:
-            ancestors[node] |= ancestors[parent]
-    tree_ids = torch.randint(3, runner.vocab_size, (7,), generator=gen).to(device)
-    mask = prefix_tree_mask(ancestors.to(device), 9)
-    tree = runner.forward(tree_ids, 9 + depths, cache, 9, mask)
-    return [prefill, tree]
-
-
-def assert_same_logits(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
-    for g, w in zip(got, want, strict=True):
-        assert (g.cpu() - w.cpu()).abs().max() <= 1e-6
 
 
 @pytest.mark.parametrize("source", ["ram", "disk"])

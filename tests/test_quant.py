@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from offload_passes import run_passes, streamed_runner
 from tiny_models import make_tiny_pair
 
 from engine import checkpoint, quant
@@ -20,12 +21,9 @@ from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationC
 from engine.engine import Engine
 from engine.layer_store import OffloadError, layer_tensors, layout_of
 from engine.model import DecoderRunner
-from engine.offload import build_offloaded_runner
-from engine.tree import causal_mask, prefix_tree_mask
 from engine.types import SamplingParams
 
 NUM_LAYERS = 4
-CPU = torch.device("cpu")
 MISSING = quant.missing_modules()
 needs_gptq = pytest.mark.skipif(
     bool(MISSING), reason=f"the gptq extra is not installed ({', '.join(MISSING)} missing): {quant.GPTQ_PIP}"
@@ -47,30 +45,6 @@ def gptq_pair(request, tmp_path_factory) -> tuple[str, str, str]:
     if MISSING:
         pytest.skip(f"the gptq extra is not installed: {quant.GPTQ_PIP}")
     return quantize_tiny_llama(tmp_path_factory.mktemp("gptq"), desc_act=request.param)
-
-
-def run_passes(runner: DecoderRunner) -> list[torch.Tensor]:
-    """A prefill pass over 9 prompt tokens, then a tree pass (7 nodes) on top; logits of both."""
-    gen = torch.Generator().manual_seed(0)
-    prompt_ids = torch.randint(3, runner.vocab_size, (9,), generator=gen)
-    cache = runner.new_cache(32)
-    prefill = runner.forward(prompt_ids, torch.arange(9), cache, 0, causal_mask(9, 0, CPU))
-    cache.length = 9
-    ancestors = torch.eye(7, dtype=torch.bool)
-    for node, parent in enumerate([-1, 0, 0, 1, 1, 2, 4]):
-        if parent >= 0:
-            ancestors[node] |= ancestors[parent]
-    depths = torch.tensor([0, 1, 1, 2, 2, 2, 3])
-    tree_ids = torch.randint(3, runner.vocab_size, (7,), generator=gen)
-    tree = runner.forward(tree_ids, 9 + depths, cache, 9, prefix_tree_mask(ancestors, 9))
-    return [prefill, tree]
-
-
-def streamed_runner(target: str, **offload_fields) -> DecoderRunner:
-    cfg = EngineConfig(
-        model=ModelConfig(target=target), offload=OffloadConfig(enabled=True, **offload_fields)
-    )
-    return build_offloaded_runner(checkpoint.load_model(target, torch.float32), cfg, CPU)
 
 
 @needs_gptq
