@@ -222,11 +222,11 @@ class EngineLoop:
                 return
             except Exception as exc:  # this request fails alone; the loop goes on
                 log.exception("request %s failed", job.request.request_id)
+                self._release_running()
                 job.put(exc)
                 reason = FinishReason.ERROR
             finally:
-                with self._wakeup:
-                    self._running = None
+                self._release_running()
             seconds = time.perf_counter() - started
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * seconds
             self._report(job, reason, seconds)
@@ -235,6 +235,10 @@ class EngineLoop:
         for delta in self.engine.generate(job.request, should_abort=job.abort_event.is_set):
             if delta.stats is not None:
                 job.num_steps += 1
+            if delta.finish_reason is not None:
+                # free the slot before the client sees its last delta, so a client that has its
+                # answer never finds its own request still counted as running
+                self._release_running()
             job.put(delta)
             if self._on_delta is not None:
                 try:
@@ -244,6 +248,10 @@ class EngineLoop:
             if delta.finish_reason is not None:
                 return delta.finish_reason
         raise RuntimeError("engine.generate ended without a final delta")
+
+    def _release_running(self) -> None:
+        with self._wakeup:
+            self._running = None
 
     def _fail_all(self, job: _Job, exc: EngineFault) -> None:
         with self._wakeup:
