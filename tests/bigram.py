@@ -1,11 +1,14 @@
-"""A bigram draft (a fixed logits table) driving the engine's real best-first search loop."""
+"""A bigram draft (a fixed logits table) driving the engine's real tree builders: the best-first
+search loop (SpecExec) and the sampled-chains builder (SpecInfer)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import torch
 
 from engine.config import SpeculationConfig
-from engine.draft import GrowLimits, best_first_search, draft_log_probs, root_tree
+from engine.draft import GrowLimits, best_first_search, draft_log_probs, grow_sampled_tree, root_tree
 from engine.tree import Tree
 from engine.types import SamplingParams
 
@@ -27,3 +30,35 @@ def bigram_tree(
     tree = root_tree(root, 0, torch.device("cpu"))
     root_log_probs = draft_log_probs(table[[root]], params, spec.greedy_tree_temperature)
     return best_first_search(tree, root_log_probs, expand, spec, limits, lambda: 10**6)
+
+
+class BigramDrafter:
+    """Stands in for engine.draft.Drafter: the draft's logits for a node are the table's row for
+    the node's own token; its cache has unlimited room."""
+
+    def __init__(self, table: torch.Tensor):
+        self.table = table
+        self.cache = SimpleNamespace(length=0)
+
+    def catch_up(self, pending_ids: list[int], root_id: int) -> torch.Tensor:
+        return self.table[[root_id]].clone()
+
+    def expand(self, tree: Tree, selected: torch.Tensor) -> torch.Tensor:
+        return self.table[tree.token_ids[selected]].clone()
+
+    def room(self) -> int:
+        return 10**6
+
+
+def bigram_sampled_tree(
+    table: torch.Tensor,
+    root: int,
+    params: SamplingParams,
+    budget: int,
+    max_depth: int,
+    stop_mask: torch.Tensor,
+    generator: torch.Generator,
+) -> Tree:
+    """The SpecInfer tree the engine builds (grow_sampled_tree) over the bigram draft."""
+    limits = GrowLimits(budget=budget, max_depth=max_depth, stop_mask=stop_mask)
+    return grow_sampled_tree(BigramDrafter(table), root, [], params, limits, generator)

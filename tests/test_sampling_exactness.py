@@ -1,29 +1,28 @@
 """Sampled output has the target's distribution, for SpecExec and SpecInfer trees.
 
 A tiny-vocabulary bigram "model" (fixed logits tables for target and draft) drives the real
-pure functions: tree growth (add_best_children / select_leaves, append_children), logits
-processing from each node's own path, and verification. 20,000 continuations of 3 tokens per
-configuration are compared with the exact target distribution (enumerated) by a chi-square test,
-for the first token and for the whole 3-token continuation. Two deliberately broken verifiers
-show the test has teeth."""
+pure functions: both tree builders (best_first_search for SpecExec, grow_sampled_tree for
+SpecInfer), logits processing from each node's own path, and verification. 20,000 continuations
+of 3 tokens per configuration are compared by a chi-square test, for the first token and for
+the whole 3-token continuation, with the exact target distribution. That distribution is
+enumerated with a reference written here in plain float64 Python from the documented meaning of
+each parameter (vLLM/OpenAI semantics), so it shares no code with engine.sampling. Two
+deliberately broken verifiers show the test has teeth."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
-from bigram import bigram_tree
+from bigram import bigram_sampled_tree, bigram_tree
 from scipy.stats import chisquare
 
 import engine.sampling as sampling
 import engine.verify as verify
 from engine.config import SpeculationConfig
-from engine.draft import (
-    append_children,
-    root_tree,
-)
-from engine.sampling import make_generator, process_logits
+from engine.sampling import make_generator
 from engine.step import verify_step
 from engine.tree import Tree
 from engine.types import SamplingParams
@@ -58,22 +57,10 @@ def specexec_tree(root: int, params: SamplingParams, gen: torch.Generator) -> Tr
     return _TREES[key]
 
 
-def specinfer_tree(root: int, params: SamplingParams, gen: torch.Generator):
-    """Three root children drawn i.i.d. from the processed draft, each continued by one draw."""
-    draft_params = SamplingParams(
-        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p
-    )
-    tree = root_tree(root, 0, torch.device("cpu"))
-    tree.draft_probs = process_logits(DRAFT[[root]], draft_params).softmax(-1)
-    frontier, draws = torch.zeros(1, dtype=torch.long), 3
-    for _ in range(2):
-        child_ids = torch.multinomial(tree.draft_probs[frontier], draws, replacement=True, generator=gen)
-        first = tree.num_nodes
-        tree = append_children(tree, frontier.repeat_interleave(draws), child_ids.flatten(), VOCAB)
-        frontier = torch.arange(first, tree.num_nodes)
-        tree.draft_probs[frontier] = process_logits(DRAFT[tree.token_ids[frontier]], draft_params).softmax(-1)
-        draws = 1
-    return tree
+def specinfer_tree(root: int, params: SamplingParams, gen: torch.Generator) -> Tree:
+    """The engine's SpecInfer builder: 3 chains of 3 tokens sampled from the processed draft."""
+    return bigram_sampled_tree(DRAFT, root, params, budget=9, max_depth=SPEC.max_depth, stop_mask=STOP_MASK,
+                               generator=gen)
 
 
 def speculative_continuation(make_tree, params: SamplingParams, gen: torch.Generator) -> tuple[int, ...]:
@@ -91,14 +78,51 @@ def speculative_continuation(make_tree, params: SamplingParams, gen: torch.Gener
     return tuple(tokens[:CONTINUATION])
 
 
+def reference_probs(logits: list[float], params: SamplingParams, counts: list[int], prompt: set[int]) -> list[float]:
+    """The next-token distribution the parameters define, in the order vLLM applies them:
+    repetition penalty (tokens seen in the prompt or output: positive logits divided, negative
+    multiplied), frequency (x count) and presence (once) penalties, temperature, top_k (the k
+    largest), top_p (the smallest most-likely set whose mass reaches top_p), min_p (drop tokens
+    below min_p x the top probability)."""
+    out = list(logits)
+    for tok, count in enumerate(counts):
+        if params.repetition_penalty != 1.0 and (count > 0 or tok in prompt):
+            rp = params.repetition_penalty
+            out[tok] = out[tok] / rp if out[tok] > 0 else out[tok] * rp
+        out[tok] -= params.frequency_penalty * count + params.presence_penalty * (count > 0)
+    out = [x / params.temperature for x in out]
+    keep = set(range(len(out)))
+    if 0 < params.top_k < len(out):
+        keep = set(sorted(keep, key=lambda t: -out[t])[: params.top_k])
+
+    def softmax(kept: set[int]) -> list[float]:
+        top = max(out[t] for t in kept)
+        weights = [math.exp(out[t] - top) if t in kept else 0.0 for t in range(len(out))]
+        total = sum(weights)
+        return [w / total for w in weights]
+
+    if params.top_p < 1.0:
+        probs, mass, nucleus = softmax(keep), 0.0, set()
+        for tok in sorted(keep, key=lambda t: -probs[t]):
+            if mass >= params.top_p:
+                break
+            nucleus.add(tok)
+            mass += probs[tok]
+        keep = nucleus
+    if params.min_p > 0.0:
+        probs = softmax(keep)
+        keep = {t for t in keep if probs[t] >= params.min_p * max(probs)}
+    return softmax(keep)
+
+
 def exact_distribution(params: SamplingParams) -> dict[tuple[int, ...], float]:
     """P(continuation) under the target alone, with every processing step along the path."""
+    table = TARGET.double().tolist()
     probs: dict[tuple[int, ...], float] = {}
     for seq in itertools.product(range(VOCAB), repeat=CONTINUATION):
-        prob, prev, counts = 1.0, ROOT, torch.zeros(VOCAB)
+        prob, prev, counts = 1.0, ROOT, [0] * VOCAB
         for token in seq:
-            logits = process_logits(TARGET[[prev]], params, counts[None], PROMPT_MASK)
-            prob *= float(logits.softmax(-1)[0, token])
+            prob *= reference_probs(table[prev], params, counts, {ROOT})[token]
             counts[token] += 1
             prev = token
         probs[seq] = prob
@@ -138,6 +162,27 @@ def run(make_tree, params: SamplingParams, num: int, seed: int) -> tuple[float, 
     exact = exact_distribution(params)
     first = chi_square_p([s[:1] for s in samples], marginal(exact, 1))
     return first, chi_square_p(samples, exact)
+
+
+@pytest.mark.parametrize("params", [
+    PLAIN, SHAPED, SamplingParams(temperature=0.7, top_k=2), SamplingParams(temperature=1.3, top_p=0.5),
+    SamplingParams(temperature=1.0, min_p=0.2), SamplingParams(temperature=1.0, repetition_penalty=1.8),
+    SamplingParams(temperature=0.9, presence_penalty=1.1, frequency_penalty=-0.4),
+], ids=["plain", "shaped", "top_k", "top_p", "min_p", "repetition", "presence-frequency"])
+def test_engine_processing_matches_the_reference(params):
+    """Row by row, the engine's processed distribution equals the independent reference."""
+    from engine.sampling import process_logits
+
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(64, VOCAB, generator=gen) * 2
+    counts = torch.randint(0, 3, (64, VOCAB), generator=gen) * (torch.rand(64, VOCAB, generator=gen) < 0.4)
+    engine = process_logits(logits, params, counts.float(), PROMPT_MASK).softmax(-1).double()
+    reference = torch.tensor([reference_probs(row, params, c, {ROOT})
+                              for row, c in zip(logits.double().tolist(), counts.tolist(), strict=True)],
+                             dtype=torch.float64)
+    assert torch.allclose(engine, reference, atol=1e-6), (engine - reference).abs().max()
+    plain = (logits.double() / params.temperature).softmax(-1)
+    assert params is PLAIN or (reference - plain).abs().max() > 0.05  # the parameter really acts
 
 
 @pytest.mark.parametrize("params", [PLAIN, SHAPED], ids=["t1.0", "t0.6-topp-topk-minp-penalties"])
