@@ -177,7 +177,7 @@ def print_table(rows: list[Row]) -> None:
         ratio = r.streamed_s / hidden
         print(
             f"{r.source:<7}{r.num_tokens:>7}{r.resident_s * 1e3:>13.1f}{r.copy_s * 1e3:>9.1f}"
-            f"{r.streamed_s * 1e3:>13.1f}{r.streamed_cores:>7.2f}{r.bytes_per_pass / 1e6:>9.0f}"
+            f"{r.streamed_s * 1e3:>13.1f}{r.streamed_cores:>7.2f}{r.bytes_per_pass / 1e6:>9.3g}"
             f"{r.bytes_per_pass / r.streamed_s / 1e9:>13.2f}{r.bytes_per_pass / r.copy_s / 1e9:>11.2f}"
             f"{overlap:>9.2f}{ratio:>17.2f} {'ok' if ratio <= GOAL else 'MISS':>4}"
         )

@@ -66,7 +66,6 @@ def bad_inputs(model: str) -> list[tuple[str, str, object, int, str | None]]:
 
 def test_bad_input_matrix(live_server, model_id: str) -> None:
     cases = bad_inputs(model_id)
-    assert len(cases) >= 25
     with httpx.Client(base_url=live_server.url, timeout=60) as http:
         for method, path, body, status, expected in cases:
             kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
