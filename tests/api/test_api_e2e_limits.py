@@ -74,16 +74,16 @@ def test_queue_bound_gives_429_and_the_others_complete(guarded_server) -> None:
 
     async def main() -> None:
         async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=180) as http:
-            started = asyncio.Event()
+            started, release = asyncio.Event(), asyncio.Event()
 
-            async def running() -> str:  # streams, so we know when it occupies the engine
-                text = ""
-                async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
+            async def running() -> None:  # streams, so we know when it occupies the engine
+                long = {**body, "max_tokens": 400, "stream": True}  # far longer than the test needs it
+                async with http.stream("POST", "/v1/chat/completions", json=long) as resp:
                     assert resp.status_code == 200
-                    async for line in resp.aiter_lines():
+                    async for _ in resp.aiter_lines():
                         started.set()
-                        text += line
-                return text
+                        if release.is_set():
+                            return  # hang up: the server aborts it and runs the queued one
 
             first = asyncio.create_task(running())
             await asyncio.wait_for(started.wait(), 60)
@@ -93,12 +93,14 @@ def test_queue_bound_gives_429_and_the_others_complete(guarded_server) -> None:
                     break
                 await asyncio.sleep(0.02)
             extra = await asyncio.gather(*(http.post("/v1/chat/completions", json=body) for _ in range(3)))
+            assert not first.done()
             for response in extra:
                 assert response.status_code == 429, response.text
                 assert int(response.headers["retry-after"]) >= 1
                 assert response.json()["error"]["code"] == "queue_full"
                 assert response.headers.get("x-should-retry") != "false"
-            assert "[DONE]" in await first
+            release.set()
+            await first
             done = await second
             assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 150
             sdk = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
