@@ -154,17 +154,19 @@ def layer_ranges(folder: str) -> list[tuple[str, int, int]]:
     return sorted((loc.path, loc.file_offset, loc.nbytes) for loc in layers)
 
 
-def measure_link(mode: str, folder: str, reps: int = 2) -> dict[str, float]:
-    """The link's plain bandwidth for the bytes one streamed pass moves (best of `reps`): reads from
-    disk with the file's pages evicted first, or RAM-to-RAM copies; no compute alongside."""
+def measure_link(mode: str, folder: str, ram_layer_bytes: list[int], reps: int = 2) -> dict[str, float]:
+    """The link's plain bandwidth for the bytes one streamed pass moves (best of `reps`): reads of the
+    checkpoint's layer tensors from disk with the file's pages evicted first, or RAM-to-RAM copies of
+    the loaded layers (`ram_layer_bytes`: the streamer's per-layer sizes, which differ from the file's
+    when the loaded dtype does); no compute alongside."""
     if mode == "resident":
         return {}
-    ranges = layer_ranges(folder)
+    ranges = layer_ranges(folder) if mode == "disk" else [("", 0, size) for size in ram_layer_bytes]
     nbytes = sum(size for _, _, size in ranges)
     largest = max(size for _, _, size in ranges)
     dst = torch.empty(largest, dtype=torch.uint8)
     src = torch.empty(largest, dtype=torch.uint8).fill_(1) if mode == "ram" else None
-    fds = {path: os.open(path, os.O_RDONLY) for path in {p for p, _, _ in ranges}}
+    fds = {path: os.open(path, os.O_RDONLY) for path in {p for p, _, _ in ranges} if path}
     best = float("inf")
     try:
         for _ in range(reps):
@@ -260,7 +262,9 @@ def run_mode(
 ) -> tuple[list[RunResult], dict]:
     begin = time.perf_counter()
     base = Engine.load(engine_config(args, target, mode))
-    info: dict = {"load_seconds": time.perf_counter() - begin, **measure_link(mode, target)}
+    streamer = base.pair.target.layers
+    ram_layer_bytes = [layout.nbytes for layout in getattr(streamer, "layouts", {}).values()]
+    info: dict = {"load_seconds": time.perf_counter() - begin, **measure_link(mode, target, ram_layer_bytes)}
     base.with_speculation(speculation_for(base, "autoregressive", 1)).generate_ids(
         prompts[0], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     )  # warm-up: first-pass allocations, ring start
@@ -278,7 +282,6 @@ def run_mode(
             )
     if auto is not None:
         info["auto"]["final"] = auto.budget_tracker.snapshot()
-    streamer = base.pair.target.layers
     if hasattr(streamer, "close"):
         streamer.close()
     del base, auto, engine
