@@ -222,11 +222,8 @@ class EngineLoop:
                 return
             except Exception as exc:  # this request fails alone; the loop goes on
                 log.exception("request %s failed", job.request.request_id)
-                self._release_running()
-                job.put(exc)
+                self._put_last(job, exc)
                 reason = FinishReason.ERROR
-            finally:
-                self._release_running()
             seconds = time.perf_counter() - started
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * seconds
             self._report(job, reason, seconds)
@@ -236,10 +233,9 @@ class EngineLoop:
             if delta.stats is not None:
                 job.num_steps += 1
             if delta.finish_reason is not None:
-                # free the slot before the client sees its last delta, so a client that has its
-                # answer never finds its own request still counted as running
-                self._release_running()
-            job.put(delta)
+                self._put_last(job, delta)
+            else:
+                job.put(delta)
             if self._on_delta is not None:
                 try:
                     self._on_delta(delta)
@@ -249,9 +245,12 @@ class EngineLoop:
                 return delta.finish_reason
         raise RuntimeError("engine.generate ended without a final delta")
 
-    def _release_running(self) -> None:
+    def _put_last(self, job: _Job, item: TokenDelta | BaseException) -> None:
+        """Free the running slot, then hand the client its last item: a client that has its answer
+        never finds its own request still counted as running."""
         with self._wakeup:
             self._running = None
+        job.put(item)
 
     def _fail_all(self, job: _Job, exc: EngineFault) -> None:
         with self._wakeup:
