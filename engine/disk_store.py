@@ -1,9 +1,10 @@
 """The disk tier: streamed layers read from the checkpoint's safetensors files, never memory-mapped.
 
 Two ways to read a layer:
-- span: its tensors lie back to back in one file with the loaded dtype (the usual case: safetensors
-  sorts tensors by name, so a layer is contiguous). The layer's layout then mirrors the file, and
-  one read of the block-aligned byte span lands every tensor in place. With `evict` that read uses
+- spans: every tensor is one piece with the loaded dtype. Tensors lying back to back in a file form
+  a run (safetensors sorts tensors by dtype, then name: a single-dtype layer is one run, a GPTQ
+  layer one run per dtype). The layer's layout then mirrors the file run by run, and one read of
+  each run's block-aligned byte span lands its tensors in place. With `evict` those reads use
   O_DIRECT: no page cache, almost no CPU (the kernel's copy out of the page cache costs ~40% of
   the read time on this machine's CPU, which streaming must leave to compute).
 - pieces: anything else (dtype conversion, fused MoE experts, a layer split over shards) reads
@@ -19,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -31,23 +33,47 @@ READ_CHUNK = 64 << 20  # bytes per read call
 Fixup = Callable[[torch.Tensor], None]  # in place, on a tensor just read: file form -> loaded form
 
 
-def span_layout(layout: LayerLayout, pieces: list[list[ReadPiece]]) -> tuple[LayerLayout, int] | None:
-    """The layout mirroring the file (offsets relative to a PAGE-aligned start) and that start, if
-    each tensor is one same-dtype piece, all in one file, at offsets aligned for their dtype."""
+@dataclass(frozen=True)
+class SpanRead:
+    """One read of a run of back-to-back tensors: file bytes [file_start, file_start + nbytes) land at
+    dst_offset of the layer buffer; the file may end after `needed` of them (block-rounded tail)."""
+
+    path: str
+    file_start: int  # PAGE-aligned
+    needed: int
+    dst_offset: int  # PAGE-aligned
+    nbytes: int  # a multiple of PAGE
+
+
+def span_layout(layout: LayerLayout, pieces: list[list[ReadPiece]]) -> tuple[LayerLayout, list[SpanRead]] | None:
+    """The layout mirroring the file run by run, and the reads that fill it, if each tensor is one
+    same-dtype piece at an offset aligned for its dtype. A run: tensors of one file whose gaps are under
+    a PAGE, so a read never carries more than a page of bytes the layer does not use."""
     if any(len(p) != 1 or p[0].src_dtype != p[0].dst_dtype for p in pieces):
         return None
     flat = [p[0] for p in pieces]
-    if len({p.path for p in flat}) != 1:
-        return None
-    start = min(p.file_offset for p in flat) // PAGE * PAGE
-    end = max(p.file_offset + p.src_nbytes for p in flat)
-    entries = []
-    for entry, piece in zip(layout.entries, flat, strict=True):
-        offset = piece.file_offset - start
-        if offset % entry.dtype.itemsize:
-            return None
-        entries.append(TensorEntry(entry.name, entry.shape, entry.dtype, offset, entry.nbytes))
-    return LayerLayout(tuple(entries), -(-(end - start) // PAGE) * PAGE), start
+    runs: list[list[int]] = []
+    for i in sorted(range(len(flat)), key=lambda i: (flat[i].path, flat[i].file_offset)):
+        prev = flat[runs[-1][-1]] if runs else None
+        if prev is not None and prev.path == flat[i].path and flat[i].file_offset - prev.file_offset - prev.src_nbytes < PAGE:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    offsets, reads, dst = [0] * len(flat), [], 0
+    for run in runs:
+        start = flat[run[0]].file_offset // PAGE * PAGE
+        end = max(flat[i].file_offset + flat[i].src_nbytes for i in run)
+        for i in run:
+            offsets[i] = dst + flat[i].file_offset - start
+            if offsets[i] % layout.entries[i].dtype.itemsize:
+                return None
+        nbytes = -(-(end - start) // PAGE) * PAGE
+        reads.append(SpanRead(flat[run[0]].path, start, end - start, dst, nbytes))
+        dst += nbytes
+    entries = tuple(
+        TensorEntry(e.name, e.shape, e.dtype, offset, e.nbytes) for e, offset in zip(layout.entries, offsets, strict=True)
+    )
+    return LayerLayout(entries, dst), reads
 
 
 class DiskStore:
@@ -68,16 +94,14 @@ class DiskStore:
         self.fixups: dict[int, list[tuple[TensorEntry, Fixup]]] = {}
         self.layouts: dict[int, LayerLayout] = {}
         self.plans: dict[int, list[ReadPiece]] = {}  # every layer, in file order (pieces mode reads them)
-        self.spans: dict[int, tuple[str, int, int]] = {}  # span mode: (path, start, bytes needed)
+        self.spans: dict[int, list[SpanRead]] = {}  # span mode: the layer's reads
         for idx, prefix in prefixes.items():
             layout = packed[idx]
             pieces = [plan_pieces(index, prefix + e.name, e.shape, e.dtype, e.offset) for e in layout.entries]
             self.plans[idx] = sorted((p for ps in pieces for p in ps), key=lambda p: (p.path, p.file_offset))
             mirrored = span_layout(layout, pieces)
             if mirrored is not None:
-                layout, start = mirrored
-                end = max(p.file_offset + p.src_nbytes for p in self.plans[idx])
-                self.spans[idx] = (self.plans[idx][0].path, start, end - start)
+                layout, self.spans[idx] = mirrored
             self.layouts[idx] = layout
             entries = {entry.name: entry for entry in layout.entries}
             wanted = (fixups or {}).get(idx, {})
@@ -102,18 +126,15 @@ class DiskStore:
             fixup(dst[entry.offset : entry.offset + entry.nbytes].view(entry.dtype).view(entry.shape))
 
     def _read(self, idx: int, dst: torch.Tensor) -> None:
-        if idx in self.spans:
-            path, start, needed = self.spans[idx]
-            fd = self.direct_fds.get(path)
-            total = self.layouts[idx].nbytes
-            if fd is not None:
-                read_span(fd, path, dst[:total], start, needed)
-                return
-            read_span(self.fds[path], path, dst[:total], start, needed)
-            if self.evict:
-                os.posix_fadvise(self.fds[path], start, needed, os.POSIX_FADV_DONTNEED)
+        if idx not in self.spans:
+            self._read_pieces(idx, dst)
             return
-        self._read_pieces(idx, dst)
+        for span in self.spans[idx]:
+            direct = self.direct_fds.get(span.path)
+            fd = self.fds[span.path] if direct is None else direct
+            read_span(fd, span.path, dst[span.dst_offset : span.dst_offset + span.nbytes], span.file_start, span.needed)
+            if direct is None and self.evict:
+                os.posix_fadvise(fd, span.file_start, span.needed, os.POSIX_FADV_DONTNEED)
 
     def _read_pieces(self, idx: int, dst: torch.Tensor) -> None:
         for piece in self.plans[idx]:

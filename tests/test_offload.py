@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from offload_passes import CPU, assert_same_logits, run_passes, streamed_runner
+from safetensors.torch import save_file
 from tiny_models import build_model, make_tiny_pair
 from transformers import AutoModelForCausalLM
 
 from engine import checkpoint, offload
 from engine.config import ConfigError, EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
+from engine.device import empty_buffer
 from engine.disk_store import DiskStore, open_direct
 from engine.engine import Engine
 from engine.layer_ring import LayerStreamer
@@ -373,6 +375,41 @@ def test_disk_fixups_turn_file_bytes_into_the_loaded_form(pairs, evict):
             assert_same_logits(run_passes(runner), want)
     finally:
         runner.layers.close()
+
+
+class MixedLayer(torch.nn.Module):
+    """A GPTQ-like layer: int32 packed words and fp16 scales."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.register_buffer("qweight", torch.randint(-(2**31), 2**31 - 1, (64, 256), generator=gen, dtype=torch.int32))
+        self.register_buffer("qzeros", torch.randint(-(2**31), 2**31 - 1, (2, 256), generator=gen, dtype=torch.int32))
+        self.register_buffer("scales", torch.randn(2, 2048, generator=gen).half())
+        self.register_buffer("norm", torch.randn(300, generator=gen).half())
+
+
+@pytest.mark.parametrize("evict", [True, False])
+def test_disk_spans_of_a_mixed_dtype_layer_read_only_its_own_bytes(tmp_path, evict):
+    """safetensors orders tensors by dtype, then name: each layer's int32 tensors, then (after every
+    other layer's) its fp16 ones. A layer reads as one run per dtype, never the bytes between."""
+    layers = {idx: MixedLayer(idx) for idx in range(3)}
+    tensors = {f"model.layers.{idx}.{name}": t for idx, layer in layers.items() for name, t in layer_tensors(layer).items()}
+    save_file(tensors, tmp_path / "model.safetensors")
+    packed = {idx: layout_of(layer) for idx, layer in layers.items()}
+    store = DiskStore(str(tmp_path), {idx: f"model.layers.{idx}." for idx in layers}, packed, evict=evict)
+    try:
+        for idx, layer in layers.items():
+            own = sum(t.nbytes for t in layer_tensors(layer).values())
+            assert len(store.spans[idx]) == 2  # one run of int32 tensors, one of fp16
+            assert own <= sum(span.needed for span in store.spans[idx]) < own + 2 * 4096
+            buffer = empty_buffer(store.layouts[idx].nbytes, CPU)
+            store.read_into(idx, buffer)
+            for entry in store.layouts[idx].entries:
+                got = buffer[entry.offset : entry.offset + entry.nbytes].view(entry.dtype).view(entry.shape)
+                assert torch.equal(got, layer_tensors(layer)[entry.name])
+    finally:
+        store.close()
 
 
 def test_disk_fixup_for_an_unknown_tensor_is_refused(pairs):
