@@ -1,5 +1,6 @@
 """Streamed-runner helpers shared by the offload and GPTQ tests: build a streamed target, and run one
-prefill pass plus one tree pass whose logits the tests compare with the resident target's."""
+prefill pass plus one tree pass whose logits the tests compare with the resident target's; the
+greedy reference (the model alone, through transformers' generate)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,14 @@ def run_passes(runner: DecoderRunner, device: torch.device = CPU) -> list[torch.
     mask = prefix_tree_mask(ancestors.to(device), 9)
     tree = runner.forward(tree_ids, 9 + depths, cache, 9, mask)
     return [prefill, tree]
+
+
+def reference_greedy(model: torch.nn.Module, prompt: list[int], num_tokens: int) -> list[int]:
+    """The loaded model alone, through transformers' generate: greedy, no EOS stop."""
+    out = model.eval().generate(
+        torch.tensor([prompt]), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def assert_same_logits(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:

@@ -73,6 +73,9 @@ def test_tree_growth_picks_the_best_nodes_and_is_closed(budget, max_expand, temp
     paths = node_paths(tree)
     assert len(set(paths)) == len(paths)  # siblings are distinct
     assert set(paths[1:]) == brute_force_top(table, budget, 6, {4}, scored_at)
+    wrong = tree_temperature if temperature > 0 else 1.0  # what ignoring the rule would rank at
+    if budget >= 20 and wrong != scored_at:  # small trees coincide at every temperature
+        assert brute_force_top(table, budget, 6, {4}, wrong) != set(paths[1:])  # the case tells them apart
     for node, path in enumerate(paths):  # no stop token was ever expanded
         assert 4 not in path[:-1], (node, path)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from offload_passes import run_passes, streamed_runner
+from offload_passes import assert_same_logits, reference_greedy, run_passes, streamed_runner
 from tiny_models import make_tiny_pair
 
 from engine import checkpoint, quant
@@ -79,8 +79,7 @@ def test_streamed_quantized_logits_equal_resident(gptq_pair, source, resident, r
     try:
         assert len(runner.layers.streamed) == NUM_LAYERS - resident
         for _ in range(2):  # the second time, the ring has wrapped into the next passes
-            for got, ref in zip(run_passes(runner), want, strict=True):
-                assert (got - ref).abs().max() <= 1e-6
+            assert_same_logits(run_passes(runner), want)
         for idx in runner.layers.streamed:
             assert quant.unregistered_tensors(runner.hf_layers[idx]) == []
     finally:
@@ -105,12 +104,6 @@ def test_disk_source_redoes_the_v1_zero_point_conversion(gptq_pair):
             streamed_runner(target, source="disk", resident_layers=1)
 
 
-def reference_greedy(target: str, prompt: list[int], num_tokens: int) -> list[int]:
-    model = checkpoint.load_model(target, torch.float32)
-    out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
-    )
-    return out[0, len(prompt) :].tolist()
 
 
 @needs_gptq
@@ -118,7 +111,7 @@ def reference_greedy(target: str, prompt: list[int], num_tokens: int) -> list[in
 def test_greedy_specexec_with_quantized_target_equals_target_alone(gptq_pair, offload):
     target, _, draft = gptq_pair
     prompt = [5, 17, 42, 9, 77, 130, 64]
-    want = reference_greedy(target, prompt, 24)
+    want = reference_greedy(checkpoint.load_model(target, torch.float32), prompt, 24)
     config = EngineConfig(
         model=ModelConfig(target=target, draft=draft),
         speculation=SpeculationConfig(budget=16),
@@ -163,7 +156,7 @@ def test_unsupported_quantization_is_refused(tmp_path):
 def test_greedy_specexec_with_quantized_draft_equals_target_alone(gptq_pair):
     quantized, target, _ = gptq_pair
     prompt = [5, 17, 42, 9, 77, 130, 64]
-    want = reference_greedy(target, prompt, 24)
+    want = reference_greedy(checkpoint.load_model(target, torch.float32), prompt, 24)
     config = EngineConfig(
         model=ModelConfig(target=target, draft=quantized), speculation=SpeculationConfig(budget=16)
     )

@@ -41,6 +41,7 @@ class FakeEngine:
         max_context: int = 512,
         fail_with: BaseException | None = None,
         model_name: str = "fake-model",
+        before_step: Callable[[], None] | None = None,
     ):
         self.tokenizer = tiny_tokenizer()
         self.model_name = model_name
@@ -49,6 +50,7 @@ class FakeEngine:
         self.script_ids: list[int] = self.tokenizer.encode(script, add_special_tokens=False)
         self.tokens_per_step = tokens_per_step
         self.step_seconds = step_seconds
+        self.before_step = before_step  # called in the worker thread at the start of every step
         self.fail_with = fail_with
         self.requests: list[Request] = []
         self.steps_run = 0
@@ -78,6 +80,8 @@ class FakeEngine:
                 yield TokenDelta(request.request_id, [], FinishReason.ABORT, totals=totals)
                 return
             self.step_started.set()
+            if self.before_step is not None:
+                self.before_step()
             if self.step_seconds:
                 time.sleep(self.step_seconds)
             if self.fail_with is not None:

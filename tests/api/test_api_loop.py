@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -36,23 +37,30 @@ async def wait_for(predicate, timeout: float = 10.0) -> None:
 
 
 def test_submit_streams_deltas_and_keeps_the_event_loop_responsive() -> None:
+    """Every engine step waits for a task on the event loop: were steps run on the event loop's
+    thread, that task could not run and each wait would time out."""
+    gate = threading.Event()
+    released: list[bool] = []
+
+    def wait_for_the_event_loop() -> None:
+        released.append(gate.wait(timeout=10))
+        gate.clear()
+
     async def main() -> None:
-        engine = FakeEngine(step_seconds=0.05)
+        engine = FakeEngine(before_step=wait_for_the_event_loop)
         loop, reports = make_loop(engine)
-        ticks = 0
 
-        async def ticker() -> None:
-            nonlocal ticks
+        async def opener() -> None:
             while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
+                gate.set()
+                await asyncio.sleep(0.005)
 
-        task = asyncio.create_task(ticker())
+        task = asyncio.create_task(opener())
         deltas = await collect(loop.submit(request("a", max_tokens=12)))
         task.cancel()
         assert [len(d.token_ids) for d in deltas] == [3, 3, 3, 3]
         assert deltas[-1].finish_reason == FinishReason.LENGTH and deltas[-1].totals is not None
-        assert ticks >= 4  # the event loop ran while the worker thread slept in steps (~20 expected)
+        assert released == [True] * 4
         await wait_for(lambda: len(reports) == 1)
         assert reports[0].num_steps == 4 and not reports[0].aborted
         loop.stop()
