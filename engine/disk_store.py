@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.device import PAGE, empty_buffer
-from engine.layer_store import LayerLayout, TensorEntry, placeholders
+from engine.layer_store import LayerLayout, TensorEntry, placeholders, view_of
 from engine.safetensors_index import ReadPiece, plan_pieces, read_index
 
 READ_CHUNK = 64 << 20  # bytes per read call
@@ -123,7 +123,7 @@ class DiskStore:
         """Fill `dst` (flat uint8 host buffer, PAGE-aligned) with layer idx; raises OSError on failure."""
         self._read(idx, dst)
         for entry, fixup in self.fixups[idx]:
-            fixup(dst[entry.offset : entry.offset + entry.nbytes].view(entry.dtype).view(entry.shape))
+            fixup(view_of(dst, entry))
 
     def _read(self, idx: int, dst: torch.Tensor) -> None:
         if idx not in self.spans:

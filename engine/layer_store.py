@@ -69,9 +69,14 @@ def layout_of(module: nn.Module) -> LayerLayout:
     return LayerLayout(tuple(entries), max(offset, ALIGN))
 
 
+def view_of(buffer: torch.Tensor, entry: TensorEntry) -> torch.Tensor:
+    """The typed view of one tensor in `buffer` (flat uint8 layer buffer)."""
+    return buffer[entry.offset : entry.offset + entry.nbytes].view(entry.dtype).view(entry.shape)
+
+
 def views(buffer: torch.Tensor, layout: LayerLayout) -> list[torch.Tensor]:
     """Typed views into `buffer` (flat uint8, >= layout.nbytes), in layout order."""
-    return [buffer[e.offset : e.offset + e.nbytes].view(e.dtype).view(e.shape) for e in layout.entries]
+    return [view_of(buffer, e) for e in layout.entries]
 
 
 def placeholders(layout: LayerLayout) -> list[torch.Tensor]:

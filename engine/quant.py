@@ -50,15 +50,16 @@ def quant_method(config: dict) -> str | None:
     return str(quant.get("quant_method") or "unknown").lower()
 
 
-def missing_modules(names: tuple[str, ...] = GPTQ_MODULES) -> list[str]:
-    return [name for name in names if importlib.util.find_spec(name) is None]
+def missing_modules() -> list[str]:
+    """The gptq extra's modules this install lacks."""
+    return [name for name in GPTQ_MODULES if importlib.util.find_spec(name) is None]
 
 
-def check_loadable(path: str, config: dict) -> str | None:
-    """Raise CheckpointError unless this install can load `config`'s quantization; returns the method."""
+def check_loadable(path: str, config: dict) -> None:
+    """Raise CheckpointError unless this install can load `config`'s quantization."""
     method = quant_method(config)
     if method is None:
-        return None
+        return
     if method not in SUPPORTED_METHODS:
         raise CheckpointError(
             f"{path}: quantization method {method!r} is not supported; supported: {', '.join(SUPPORTED_METHODS)}"
@@ -73,7 +74,6 @@ def check_loadable(path: str, config: dict) -> str | None:
             f"or, from a source checkout:\n"
             f"    {GPTQ_PIP_SOURCE}"
         )
-    return method
 
 
 def load_kwargs(config: dict) -> dict:

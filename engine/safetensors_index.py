@@ -9,6 +9,7 @@ exactly the pages it read from the page cache.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,6 @@ RENAMES = ((".mlp.", ".block_sparse_moe."),)  # (loaded name, checkpoint name)
 class TensorLocation:
     path: str
     dtype: torch.dtype
-    shape: tuple[int, ...]
     file_offset: int  # absolute byte offset in the file
     nbytes: int
 
@@ -68,9 +68,7 @@ def read_header(path: Path) -> dict[str, TensorLocation]:
         if meta["dtype"] not in DTYPES:
             continue  # not a type the loaded model can hold; a plan that needs it fails by name
         begin, end = meta["data_offsets"]
-        index[name] = TensorLocation(
-            str(path), DTYPES[meta["dtype"]], tuple(meta["shape"]), base + begin, end - begin
-        )
+        index[name] = TensorLocation(str(path), DTYPES[meta["dtype"]], base + begin, end - begin)
     return index
 
 
@@ -107,9 +105,7 @@ def plan_pieces(
     index: dict[str, TensorLocation], name: str, shape: tuple[int, ...], dtype: torch.dtype, dst_offset: int
 ) -> list[ReadPiece]:
     """Pieces filling the loaded tensor `name` ([shape] of dtype, at dst_offset) from the checkpoint."""
-    numel = 1
-    for size in shape:
-        numel *= size
+    numel = math.prod(shape)
     loc = _lookup(index, name)
     if loc is not None:
         return [_piece(loc, numel, dtype, dst_offset, name)]
