@@ -33,7 +33,7 @@ from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationC
 from engine.device import synchronize
 from engine.disk_store import read_span
 from engine.engine import Engine
-from engine.flags import DEFAULT_MODELS, CliError
+from engine.flags import DEFAULT_MODELS, CliError, check_paths
 from engine.model import DecoderRunner
 from engine.pad_target import cache_root, pad_checkpoint
 from engine.safetensors_index import read_index
@@ -64,9 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts per configuration")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
     parser.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i, for every method")
-    parser.add_argument("--max-expand", type=int, default=128)
-    parser.add_argument("--max-children", type=int, default=32)
-    parser.add_argument("--max-depth", type=int, default=32)
+    parser.add_argument("--max-expand", type=int, default=SpeculationConfig.max_expand)
+    parser.add_argument("--max-children", type=int, default=SpeculationConfig.max_children)
+    parser.add_argument("--max-depth", type=int, default=SpeculationConfig.max_depth)
     parser.add_argument(
         "--greedy-tree-temperature",
         type=float,
@@ -241,7 +241,7 @@ def configs_for(args: argparse.Namespace) -> list[tuple[str, int | str]]:
     return out
 
 
-def auto_engine(base: Engine, args: argparse.Namespace, prompts: list[list[int]]) -> tuple[Engine, dict]:
+def auto_engine(base: Engine, args: argparse.Namespace, warmup_prompt: list[int]) -> tuple[Engine, dict]:
     """The --budget auto engine over the benchmark's budgets: calibrated, then one warm-up request
     per temperature (a served engine has learned from earlier requests)."""
     engine = base.with_speculation(speculation_for(base, "specexec", "auto"))
@@ -253,7 +253,7 @@ def auto_engine(base: Engine, args: argparse.Namespace, prompts: list[list[int]]
         params = SamplingParams(
             temperature=temperature, seed=10_000, max_tokens=WARMUP_TOKENS, ignore_eos=True
         )
-        engine.generate_ids(prompts[-1], params)
+        engine.generate_ids(warmup_prompt, params)
     return engine, {"calibration_seconds": calibration, "after_warmup": engine.budget_tracker.snapshot()}
 
 
@@ -273,12 +273,12 @@ def run_mode(
     for method, budget in configs_for(args):
         if budget == "auto":
             bar.set_description(f"{mode} auto calibration")
-            auto, info["auto"] = auto_engine(base, args, prompts[1:] or prompts)
+            auto, info["auto"] = auto_engine(base, args, prompts[-1])
         engine = auto or base.with_speculation(speculation_for(base, method, budget))
         for temperature in args.temperatures:
             bar.set_description(f"{mode} T={temperature:g} {method} {budget}")
             results.append(
-                run_config(engine, RunResult(mode, temperature, method, budget), prompts[:], args, bar)
+                run_config(engine, RunResult(mode, temperature, method, budget), prompts, args, bar)
             )
     if auto is not None:
         info["auto"]["final"] = auto.budget_tracker.snapshot()
@@ -290,9 +290,7 @@ def run_mode(
 
 
 def resolve_target(args: argparse.Namespace) -> tuple[str, dict]:
-    for role in ("target", "draft"):
-        if not Path(getattr(args, role)).is_dir():
-            raise CliError(f"--{role} {getattr(args, role)}: no such model folder")
+    check_paths(EngineConfig(model=ModelConfig(target=args.target, draft=args.draft)))
     if args.pad_to_gb <= 0:
         return args.target, {}
     begin = time.perf_counter()

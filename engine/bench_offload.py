@@ -3,8 +3,9 @@
 For 1, 32 and 256 tokens it times back-to-back target passes with every decoder layer resident,
 streamed from RAM and streamed from disk with its pages evicted, plus a plain copy (RAM) or read
 (disk) of the same bytes with the same buffers. Overlap works when a streamed pass takes about
-max(copy time, compute time); the goal is within 15%. Without --target it builds a seeded random
-Llama with four 117 MB layers in a temporary folder.
+max(copy time, compute time); the goal is within 15%. Without --target it uses the seeded random
+Llama with four 117 MB fp32 layers that bench quant builds (built once, cached under
+~/.cache/specexec/quant-bench).
 
     python -m engine.bench_offload [--target PATH] [--tokens 1 32 256] [--passes 3] [--rounds 3]
 """
@@ -13,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from engine import checkpoint
-from engine.bench_target import build_bench_target
 from engine.config import EngineConfig, ModelConfig, OffloadConfig
 from engine.device import empty_buffer, empty_host, synchronize
 from engine.disk_store import DiskStore
@@ -47,11 +45,18 @@ class Row:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--target", default=None, help="target checkpoint folder (default: build a 470 MB one)"
+        "--target",
+        default=None,
+        help="target checkpoint folder (default: bench quant's 470 MB fp32 target, built once and cached)",
     )
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 256], help="tokens per pass")
-    parser.add_argument("--passes", type=int, default=3, help="back-to-back passes per timing")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best round counts")
+    add_timing_arguments(parser, tokens=[1, 32, 256], passes=3, rounds=3)
+
+
+def add_timing_arguments(parser: argparse.ArgumentParser, tokens: list[int], passes: int, rounds: int) -> None:
+    """The flags `measure` reads (shared with bench quant)."""
+    parser.add_argument("--tokens", type=int, nargs="+", default=tokens, help="tokens per pass")
+    parser.add_argument("--passes", type=int, default=passes, help="back-to-back passes per timing")
+    parser.add_argument("--rounds", type=int, default=rounds, help="alternating rounds; the best round counts")
     parser.add_argument("--ring-size", type=int, default=2, help="device ring buffers")
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads (0: all cores but one on CPU, for the loader)"
@@ -195,15 +200,15 @@ def set_threads(threads: int, device: torch.device) -> None:
 def run(args: argparse.Namespace) -> int:
     device = checkpoint.resolve_device(args.device)
     set_threads(args.threads, device)
-    with tempfile.TemporaryDirectory(prefix="specexec-bench-offload-") as tmp:
-        target = args.target
-        if target is None:
-            folder, layer_bytes = build_bench_target(Path(tmp) / "target")
-            target = str(folder)
-            print(
-                f"built a random Llama target with {layer_bytes / 1e6:.0f} MB of decoder layers in {target}"
-            )
-        rows = measure(target, args, device)
+    target = args.target
+    if target is None:
+        from engine import bench_quant  # noqa: PLC0415 (bench_quant imports this module)
+
+        defaults = argparse.ArgumentParser()
+        bench_quant.add_arguments(defaults)
+        target = str(bench_quant.built_target(defaults.parse_args([]), "fp32"))
+        print(f"target: the random Llama bench quant builds at its default shape, {target}")
+    rows = measure(target, args, device)
     print(
         f"device {device}, torch threads {torch.get_num_threads()}, ring {args.ring_size}, "
         f"best of {args.rounds} rounds x {args.passes} back-to-back passes"

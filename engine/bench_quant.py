@@ -16,7 +16,6 @@ GPTQ run with fp32 activations, fp16 with fp16 ones (its bytes must stay fp16 to
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import hashlib
 import importlib.metadata
@@ -60,13 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precisions", type=csv(str), default=list(PRECISIONS), help=f"comma list of {PRECISIONS}"
     )
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 32], help="tokens per pass")
-    parser.add_argument("--passes", type=int, default=2, help="back-to-back passes per timing")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; the best round counts")
-    parser.add_argument("--ring-size", type=int, default=2, help="device ring buffers")
-    parser.add_argument("--sources", nargs="+", default=["ram", "disk"], choices=["ram", "disk"])
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores but one on CPU)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    bench_offload.add_timing_arguments(parser, tokens=[1, 32], passes=2, rounds=2)
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of the built target")
     parser.add_argument("--hidden", type=int, default=1024, help="hidden size of the built target")
     parser.add_argument("--mlp", type=int, default=8192, help="MLP width of the built target")
@@ -115,10 +108,14 @@ def quantize_gptq(
     vocab_size = json.loads((source / "config.json").read_text())["vocab_size"]
     config = QuantizeConfig(bits=bits, group_size=group_size, desc_act=desc_act, sym=True, offload_to_disk=False)
     folder.mkdir(parents=True, exist_ok=True)
-    with contextlib.chdir(folder):  # gptqmodel writes a quantization log to ./logs
+    previous = Path.cwd()
+    os.chdir(folder)  # gptqmodel writes a quantization log to ./logs (contextlib.chdir needs Python 3.11)
+    try:
         model = GPTQModel.load(str(source), config)
         model.quantize(calibration_data(seed, vocab_size), batch_size=4)
         model.save(str(folder))
+    finally:
+        os.chdir(previous)
     return folder
 
 

@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+BENCH_TOOLS = {  # `specexec bench NAME`: module, description
+    "offload": ("engine.bench_offload", "pass time resident vs streamed (ram, disk) and GB/s"),
+    "quant": ("engine.bench_quant", "bytes per pass and pass time: fp32 vs fp16 vs GPTQ 4-bit"),
+}
+
+
 def add_optional_commands(sub: argparse._SubParsersAction) -> None:
     """Commands whose modules may be absent from a minimal install."""
     import importlib  # noqa: PLC0415
@@ -56,7 +62,8 @@ def add_optional_commands(sub: argparse._SubParsersAction) -> None:
         (
             "bench",
             "engine.bench",
-            "benchmark autoregressive vs SpecInfer vs SpecExec (`bench offload`: streaming; `bench quant`: fp32/fp16/GPTQ bytes)",
+            "benchmark autoregressive vs SpecInfer vs SpecExec; "
+            + "; ".join(f"`bench {name}`: {text}" for name, (_, text) in BENCH_TOOLS.items()),
         ),
     ):
         try:
@@ -66,12 +73,6 @@ def add_optional_commands(sub: argparse._SubParsersAction) -> None:
         cmd = sub.add_parser(name, help=help_text)
         mod.add_arguments(cmd)
         cmd.set_defaults(func=mod.run)
-
-
-BENCH_TOOLS = {  # `specexec bench NAME`: module, description
-    "offload": ("engine.bench_offload", "pass time resident vs streamed (ram, disk) and GB/s"),
-    "quant": ("engine.bench_quant", "bytes per pass and pass time: fp32 vs fp16 vs GPTQ 4-bit"),
-}
 
 
 def bench_tool_parser(name: str) -> argparse.ArgumentParser:
