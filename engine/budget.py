@@ -69,28 +69,33 @@ def acceptance_curve(path_probs: torch.Tensor) -> torch.Tensor:
     return path_probs[1:].cumsum(dim=0)
 
 
-def interpolate(points: dict[int, float], budget: int) -> float:
+def interpolate_all(points: dict[int, float], budgets: list[int]) -> np.ndarray:
     """Piecewise linear in the budget through measured points; flat below the smallest, and above
     the largest extended along the last segment (never decreasing)."""
     assert points, "no measured points"
-    xs = sorted(points)
-    ys = [points[x] for x in xs]
-    if budget <= xs[0]:
-        return ys[0]
-    if budget >= xs[-1]:
-        if len(xs) == 1:
-            return ys[-1]
+    xs = np.array(sorted(points), dtype=np.float64)
+    ys = np.array([points[int(x)] for x in xs])
+    at = np.asarray(budgets, dtype=np.float64)
+    out = np.interp(at, xs, ys)
+    if xs.size > 1:
         slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-        return ys[-1] + slope * (budget - xs[-1])
-    return float(np.interp(budget, xs, ys))
+        above = at > xs[-1]
+        out[above] = ys[-1] + slope * (at[above] - xs[-1])
+    return out
+
+
+def interpolate(points: dict[int, float], budget: int) -> float:
+    return float(interpolate_all(points, [budget])[0])
+
+
+def best_known(curve: np.ndarray) -> np.ndarray:
+    """[len(curve)]: E[accepted] per budget from a curve indexed by budget (curve[0] == 0, NaN where
+    never seen): the best known value at or below each budget (a bigger tree never accepts less)."""
+    return np.maximum.accumulate(np.nan_to_num(curve, nan=0.0))  # expected counts are >= 0
 
 
 def accepted_at(curve: np.ndarray, budget: int) -> float:
-    """E[accepted](budget) from a curve indexed by budget (curve[0] == 0, NaN where never seen):
-    the best known value at or below `budget` (a bigger tree never accepts less)."""
-    known = curve[: budget + 1]
-    known = known[~np.isnan(known)]
-    return float(known.max()) if known.size else 0.0
+    return float(best_known(curve[: budget + 1])[-1])
 
 
 @dataclass(frozen=True)
@@ -103,8 +108,9 @@ class BudgetChoice:
 
 def choose_budget(grid: list[int], curve: np.ndarray, step_seconds: dict[int, float]) -> BudgetChoice:
     """The grid budget with the highest (1 + E[accepted](b)) / step_seconds(b); ties go to the smaller."""
-    accepted = {b: accepted_at(curve, b) for b in grid}
-    seconds = {b: max(interpolate(step_seconds, b), 1e-9) for b in grid}
+    best = best_known(curve)
+    accepted = {b: float(best[b]) for b in grid}
+    seconds = {b: max(float(s), 1e-9) for b, s in zip(grid, interpolate_all(step_seconds, grid), strict=True)}
     rates = {b: (1.0 + accepted[b]) / seconds[b] for b in grid}
     best = max(grid, key=lambda b: (rates[b], -b))
     return BudgetChoice(best, rates, accepted, seconds)
@@ -223,7 +229,7 @@ class BudgetTracker:
                 )
 
     def snapshot(self) -> dict[str, object]:
-        """Plain data for /metrics, logs and the benchmark JSON."""
+        """Plain data for the benchmark JSON."""
         return {
             "grid": list(self.grid),
             "choices": {str(k): c.budget for k, c in self.choices.items()},
