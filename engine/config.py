@@ -1,6 +1,6 @@
 """Engine configuration: frozen dataclasses validated on construction.
 
-Every field is a key of a configs/ TOML file, and most have a CLI flag (engine.flags)
+Every field is a key of a configs/ TOML file, and most have a CLI flag (engine.cli)
 (section = dataclass: [model], [speculation], [offload], [limits], [server]).
 """
 
@@ -14,18 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from engine.types import ConfigError
+
 Method = Literal["specexec", "specinfer", "autoregressive"]
 OffloadSource = Literal["ram", "disk"]
-
-
-class ConfigError(ValueError):
-    """A config value is invalid; `field` names it (dotted, e.g. `speculation.budget`)."""
-
-    def __init__(self, field_name: str, message: str, source: str | None = None):
-        self.field = field_name
-        self.source = source
-        where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field_name}: {message}")
 
 
 def _require(cond: bool, field_name: str, message: str) -> None:
@@ -176,7 +168,7 @@ SECTIONS: dict[str, type] = {
 
 def read_config_file(path: str) -> dict[str, dict]:
     """A configs/ TOML file: {section: {field: value}}. Errors name the file."""
-    import tomllib  # noqa: PLC0415
+    import tomllib
 
     try:
         with open(path, "rb") as handle:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from engine.cli import CliError
 from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.flags import CliError
+from engine.runtime import Engine
 from engine.types import GenerationStats, Request, SamplingParams
 
 

@@ -1,9 +1,15 @@
-"""The server <-> engine contract: plain data, no tensors in the public fields."""
+"""The server <-> engine contract: plain data, no tensors in the public fields.
+
+`GenerationEngine` is everything the server (and any other caller) may use of an engine; the errors
+below are everything the engine raises on purpose. Nothing here imports torch.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, Protocol
 
 
 class FinishReason(str, Enum):
@@ -124,3 +130,58 @@ class ContextLengthError(ValueError):
 
 class EngineFault(RuntimeError):
     """A device-level failure: the engine cannot serve any request until restarted."""
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; `field` names it (dotted, e.g. `speculation.budget`)."""
+
+    def __init__(self, field_name: str, message: str, source: str | None = None):
+        self.field = field_name
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{field_name}: {message}")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable or unsupported."""
+
+
+class VocabMismatchError(CheckpointError):
+    """The draft's vocabulary does not match the target's token ids."""
+
+
+class OffloadError(RuntimeError):
+    """Streaming the target's layers failed: a read or copy error, a bad layout, not enough memory."""
+
+
+class QueueFull(RuntimeError):
+    """The bounded wait queue is full: the request is refused (HTTP 429)."""
+
+    def __init__(self, max_queue: int, retry_after: int):
+        self.max_queue = max_queue
+        self.retry_after = retry_after  # seconds, an estimate from recent request durations
+        super().__init__(f"request queue is full ({max_queue} waiting)")
+
+
+class EngineUnavailable(RuntimeError):
+    """The loop is not running, or a device fault took the engine down."""
+
+
+class GenerationEngine(Protocol):
+    """What the server needs of an engine (`engine.runtime.Engine`; the tests' FakeEngine).
+
+    `generate` runs in one worker thread; the other members are read-only after load."""
+
+    tokenizer: Any  # a transformers PreTrainedTokenizerBase (chat template, encode, decode)
+    model_name: str
+    max_context: int  # prompt + completion tokens
+    eos_token_ids: frozenset[int]
+
+    def validate_request(self, prompt_len: int, max_tokens: int) -> None:
+        """Raise ValueError (ContextLengthError when too long) for a request that cannot run."""
+        ...
+
+    def generate(self, request: Request, should_abort: Callable[[], bool] | None = None) -> Iterator[TokenDelta]:
+        """One TokenDelta per step; the last has finish_reason and totals. Raises EngineFault on a
+        device failure (the engine cannot serve any request until restarted)."""
+        ...

@@ -7,19 +7,19 @@ import logging
 import os
 import sys
 
-from engine.config import ConfigError
-from engine.flags import CliError, add_engine_arguments, engine_config_from_args
+from engine.cli import CliError, add_engine_arguments, engine_config_from_args
+from engine.types import CheckpointError, ConfigError, ContextLengthError, OffloadError
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from engine.generate_cli import run_generate  # noqa: PLC0415
+    from engine.generate_cli import run_generate
 
     config, _ = engine_config_from_args(args)
     return run_generate(config, args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from server.serve import run_server, server_config_from  # noqa: PLC0415
+    from server.serve import run_server, server_config_from
 
     config, server_section = engine_config_from_args(args)
     run_server(config, server_config_from(args, server_section, args.config))
@@ -32,14 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="complete one prompt and print the text")
     add_engine_arguments(gen)
-    from engine.generate_cli import add_generate_arguments  # noqa: PLC0415
+    from engine.generate_cli import add_generate_arguments
 
     add_generate_arguments(gen)
     gen.set_defaults(func=cmd_generate)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     add_engine_arguments(serve)
-    from server.serve import add_server_arguments  # noqa: PLC0415
+    from server.serve import add_server_arguments
 
     add_server_arguments(serve)
     serve.set_defaults(func=cmd_serve)
@@ -48,20 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 BENCH_TOOLS = {  # `specexec bench NAME`: module, description
-    "offload": ("engine.bench_offload", "pass time resident vs streamed (ram, disk) and GB/s"),
-    "quant": ("engine.bench_quant", "bytes per pass and pass time: fp32 vs fp16 vs GPTQ 4-bit"),
+    "offload": ("engine.tools.bench_offload", "pass time resident vs streamed (ram, disk) and GB/s"),
+    "quant": ("engine.tools.bench_quant", "bytes per pass and pass time: fp32 vs fp16 vs GPTQ 4-bit"),
 }
 
 
 def add_optional_commands(sub: argparse._SubParsersAction) -> None:
     """Commands whose modules may be absent from a minimal install."""
-    import importlib  # noqa: PLC0415
+    import importlib
 
     for name, module, help_text in (
-        ("build-default", "engine.build_default", "train the built-in default model pair"),
+        ("build-default", "engine.tools.build_default", "train the built-in default model pair"),
         (
             "bench",
-            "engine.bench",
+            "engine.tools.bench",
             "benchmark autoregressive vs SpecInfer vs SpecExec; "
             + "; ".join(f"`bench {name}`: {text}" for name, (_, text) in BENCH_TOOLS.items()),
         ),
@@ -76,7 +76,7 @@ def add_optional_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def bench_tool_parser(name: str) -> argparse.ArgumentParser:
-    import importlib  # noqa: PLC0415
+    import importlib
 
     module_name, description = BENCH_TOOLS[name]
     module = importlib.import_module(module_name)
@@ -99,10 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         args = bench_tool_parser(argv[1]).parse_args(argv[2:])
     else:
         args = build_parser().parse_args(argv)
-    from engine.checkpoint import CheckpointError  # noqa: PLC0415
-    from engine.layer_store import OffloadError  # noqa: PLC0415
-    from engine.types import ContextLengthError  # noqa: PLC0415
-
     try:
         return int(args.func(args) or 0)
     except (CliError, ConfigError, CheckpointError, ContextLengthError, OffloadError) as exc:

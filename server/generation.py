@@ -11,8 +11,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from engine.loop import EngineLoop, EngineUnavailable, QueueFull
-from engine.types import FinishReason, GenerationStats, Request
+from engine.async_engine import AsyncEngine
+from engine.types import EngineUnavailable, FinishReason, GenerationStats, QueueFull, Request
 from server.detok import TextStream
 from server.errors import engine_down, queue_full
 from server.metrics import Metrics
@@ -25,7 +25,7 @@ class GenerationFailed(RuntimeError):
 
 
 class Generation:
-    def __init__(self, loop: EngineLoop, request: Request, text: TextStream, metrics: Metrics, endpoint: str):
+    def __init__(self, loop: AsyncEngine, request: Request, text: TextStream, metrics: Metrics, endpoint: str):
         self.request = request
         self.text = text
         self.metrics = metrics

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from engine.loop import MAX_RUNNING, SCHEDULING_POLICY, JobReport
+from engine.async_engine import MAX_RUNNING, SCHEDULING_POLICY, JobReport
 from engine.types import TokenDelta
 
 PREFIX = "specexec"

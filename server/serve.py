@@ -52,9 +52,9 @@ def server_config_from(args: argparse.Namespace | None, toml_section: dict | Non
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None:
     """Serve until interrupted; exits with status 1 if the engine fails to load."""
-    import uvicorn  # noqa: PLC0415
+    import uvicorn
 
-    from server.app import build_app  # noqa: PLC0415
+    from server.app import build_app
 
     level = "DEBUG" if server_config.log_level == "trace" else server_config.log_level.upper()
     logging.basicConfig(level=level, format="%(levelname)s:     %(name)s: %(message)s")

@@ -18,7 +18,7 @@ from typing import Any
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Message
 
-from engine.loop import EngineLoop
+from engine.async_engine import AsyncEngine
 from server.errors import generation_error
 from server.generation import Generation
 from server.responses import Envelope
@@ -55,7 +55,7 @@ async def chunk_events(gen: Generation, env: Envelope, include_usage: bool) -> A
     yield "[DONE]"
 
 
-def stream_response(gen: Generation, env: Envelope, loop: EngineLoop, include_usage: bool,
+def stream_response(gen: Generation, env: Envelope, loop: AsyncEngine, include_usage: bool,
                     ping_seconds: float) -> EventSourceResponse:
     async def on_close(message: Message) -> None:
         loop.abort(gen.request_id)

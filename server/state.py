@@ -7,8 +7,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.loop import EngineLoop
 from server.config import ServerConfig
 from server.errors import engine_down, loading, model_not_found
 from server.metrics import Metrics
@@ -20,7 +20,7 @@ EngineLoader = Callable[[EngineConfig], Any]
 
 
 def default_loader(config: EngineConfig) -> Any:
-    from engine.engine import Engine  # noqa: PLC0415 - heavy import, only when serving
+    from engine.runtime import Engine
 
     return Engine.load(config)
 
@@ -32,7 +32,7 @@ class ServerState:
         self.server_config = server_config
         self.metrics = Metrics()
         self.engine: Any = None
-        self.loop: EngineLoop | None = None
+        self.loop: AsyncEngine | None = None
         self.prompt: PromptBuilder | None = None
         self.load_error: BaseException | None = None
         self._on_fatal = on_fatal
@@ -59,7 +59,7 @@ class ServerState:
             return 503, {"status": "error", "error": f"engine fault: {self.loop.fault}"}
         return 503, {"status": "loading"}
 
-    def require_ready(self) -> tuple[EngineLoop, PromptBuilder]:
+    def require_ready(self) -> tuple[AsyncEngine, PromptBuilder]:
         if self.loop is None or self.prompt is None:
             if self.load_error is not None:
                 raise engine_down(f"loading failed: {self.load_error}")
@@ -92,7 +92,7 @@ class ServerState:
             chat_template=self._chat_template,
         )
         max_queue = self.engine_config.limits.max_queue
-        loop = EngineLoop(engine, max_queue, on_delta=self.metrics.observe_delta,
+        loop = AsyncEngine(engine, max_queue, on_delta=self.metrics.observe_delta,
                           on_finish=self.metrics.observe_finish)
         self.metrics.bind_loop(lambda: loop.queue_depth, lambda: loop.num_running, max_queue,
                                lambda: loop.healthy)

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import torch
 
 from engine.config import SpeculationConfig
-from engine.draft import GrowLimits, best_first_search, draft_log_probs, grow_sampled_tree, root_tree
-from engine.tree import Tree
+from engine.spec.draft import GrowLimits, best_first_search, draft_log_probs, grow_sampled_tree, root_tree
+from engine.spec.tree import Tree
 from engine.types import SamplingParams
 
 
@@ -33,7 +33,7 @@ def bigram_tree(
 
 
 class BigramDrafter:
-    """Stands in for engine.draft.Drafter: the draft's logits for a node are the table's row for
+    """Stands in for engine.spec.draft.Drafter: the draft's logits for a node are the table's row for
     the node's own token; its cache has unlimited room."""
 
     def __init__(self, table: torch.Tensor):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from engine import checkpoint
 from engine.config import EngineConfig, ModelConfig, OffloadConfig
-from engine.model import DecoderRunner
-from engine.offload import build_offloaded_runner
-from engine.tree import causal_mask, prefix_tree_mask
+from engine.model import checkpoint
+from engine.model.runner import DecoderRunner
+from engine.offload.build import build_offloaded_runner
+from engine.spec.tree import causal_mask, prefix_tree_mask
 
 CPU = torch.device("cpu")
 

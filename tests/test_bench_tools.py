@@ -10,7 +10,7 @@ import pytest
 from safetensors import safe_open
 from tiny_models import make_tiny_pair
 
-from engine import quant
+from engine.model import gptq
 from server.__main__ import main
 
 TINY = ["--layers", "2", "--hidden", "64", "--mlp", "256", "--group-size", "32", "--passes", "1", "--rounds", "1"]
@@ -36,8 +36,8 @@ def test_bench_quant_reports_bytes_per_pass_for_each_precision(tmp_path, capsys)
     for row in data["rows"]:
         assert all(row[k] > 0 for k in ("resident_s", "ram_copy_s", "ram_streamed_s", "disk_read_s", "disk_streamed_s"))
     assert [r[0] for r in rows][:4] == ["fp32", "fp32", "fp16", "fp16"]
-    if quant.missing_modules():
-        assert "gptq-4bit: skipped, the gptq extra is not installed" in text and quant.GPTQ_PIP in text
+    if gptq.missing_modules():
+        assert "gptq-4bit: skipped, the gptq extra is not installed" in text and gptq.GPTQ_PIP in text
         assert ("gptq-4bit", 1) not in by
     else:
         assert by["gptq-4bit", 1]["bytes_per_pass"] < fp16["bytes_per_pass"] / 2.5

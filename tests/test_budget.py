@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import make_tiny_pair
 
-from engine.budget import (
+from engine.spec.budget import (
     BudgetTracker,
     acceptance_curve,
     accepted_at,
@@ -150,7 +150,7 @@ def test_tracker_ignores_warmup_and_unfilled_trees():
 
 def test_engine_budget_auto_greedy_equals_autoregressive(tmp_path):
     from engine.config import EngineConfig, ModelConfig, SpeculationConfig
-    from engine.engine import Engine, load_pair
+    from engine.runtime import Engine, load_pair
     from engine.types import Request, SamplingParams
 
     target, draft = make_tiny_pair(tmp_path, draft="noisy")

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from engine import build_default
-from engine.training import ROLE_TOKENS, SPECIAL_TOKENS
+from engine.tools import build_default
+from engine.tools.training import ROLE_TOKENS, SPECIAL_TOKENS
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PAIR = REPO / "models" / "default"

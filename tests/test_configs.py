@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from engine import flags
-from engine.config import ConfigError, EngineConfig
-from engine.flags import DEFAULT_MODELS, CliError, add_engine_arguments, engine_config_from_args
+from engine import cli as flags
+from engine.cli import DEFAULT_MODELS, CliError, add_engine_arguments, engine_config_from_args
+from engine.config import EngineConfig
+from engine.types import ConfigError
 from server.config import ServerConfig
 from server.serve import add_server_arguments, server_config_from
 

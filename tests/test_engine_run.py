@@ -8,11 +8,10 @@ import sys
 import pytest
 from tiny_models import build_tokenizer, make_tiny_pair
 
-from engine.checkpoint import VocabMismatchError
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
-from engine.engine import Engine
-from engine.step import prefill, run_step
-from engine.types import ContextLengthError, FinishReason, Request, SamplingParams
+from engine.runtime import Engine
+from engine.spec.step import prefill, run_step
+from engine.types import ContextLengthError, FinishReason, Request, SamplingParams, VocabMismatchError
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,11 @@ import torch
 from bigram import bigram_tree
 
 from engine.config import SpeculationConfig
-from engine.kv_cache import KVCache
-from engine.sampling import process_logits
-from engine.tree import Tree, append_nodes, causal_mask, path_token_counts, prefix_tree_mask
+from engine.model.kv_cache import KVCache
+from engine.spec.sampling import process_logits
+from engine.spec.tree import Tree, append_nodes, causal_mask, path_token_counts, prefix_tree_mask
+from engine.spec.verify import verify_tree
 from engine.types import SamplingParams
-from engine.verify import verify_tree
 
 VOCAB = 5
 

@@ -11,7 +11,7 @@ from tiny_models import make_tiny_pair
 from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig, ModelConfig, SpeculationConfig
-from engine.engine import Engine
+from engine.runtime import Engine
 from engine.types import Request, SamplingParams
 
 NUM_PROMPTS = 20

@@ -15,16 +15,18 @@ from safetensors.torch import save_file
 from tiny_models import build_model, make_tiny_pair
 from transformers import AutoModelForCausalLM
 
-from engine import checkpoint, offload
-from engine.config import ConfigError, EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
-from engine.device import empty_buffer
-from engine.disk_store import DiskStore, open_direct
-from engine.engine import Engine
-from engine.layer_ring import LayerStreamer
-from engine.layer_store import OffloadError, RamStore, constant_buffers, layer_tensors, layout_of
-from engine.model import DecoderRunner
-from engine.offload import build_offloaded_runner, plan_resident
-from engine.types import SamplingParams
+from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
+from engine.model import checkpoint, gptq
+from engine.model.runner import DecoderRunner
+from engine.offload import build as offload_build
+from engine.offload.build import build_offloaded_runner, plan_resident
+from engine.offload.device import empty_buffer
+from engine.offload.disk_store import DiskStore, open_direct
+from engine.offload.layout import constant_buffers, layer_tensors, layout_of
+from engine.offload.ram_store import RamStore
+from engine.offload.ring import LayerStreamer
+from engine.runtime import Engine
+from engine.types import ConfigError, OffloadError, SamplingParams
 
 ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
 NUM_LAYERS = 4
@@ -321,7 +323,7 @@ def test_compute_error_mid_pass_resynchronises_the_ring(pairs):
 
 def test_not_enough_host_memory_fails_at_load_with_bytes(pairs, monkeypatch):
     target, _ = pairs("llama")
-    monkeypatch.setattr(offload, "host_memory_available", lambda: 1000)
+    monkeypatch.setattr(offload_build, "host_memory_available", lambda: 1000)
     with pytest.raises(OffloadError, match=r"needs [\d,]+ bytes, [\d,]+ available"):
         streamed_runner(target, source="ram")
 
@@ -358,7 +360,7 @@ def test_disk_fixups_turn_file_bytes_into_the_loaded_form(pairs, evict):
 
     fixups = {idx: {"input_layernorm.weight": add_one} for idx in range(NUM_LAYERS)}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(offload.quant, "disk_fixups", lambda config, layers: {i: fixups[i] for i in layers})
+        mp.setattr(gptq, "disk_fixups", lambda config, layers: {i: fixups[i] for i in layers})
         model = checkpoint.load_model(target, torch.float32)
         for block in model.model.layers:
             block.input_layernorm.weight.data.add_(1.0)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from tiny_models import build_model, build_tokenizer, save_checkpoint
 
-from engine import checkpoint
-from engine.pad_target import DONE_FILE, pad_checkpoint, plan_padding
-from engine.tree import causal_mask
+from engine.model import checkpoint
+from engine.spec.tree import causal_mask
+from engine.tools.pad_target import DONE_FILE, pad_checkpoint, plan_padding
 from server.__main__ import main
 
 
@@ -53,7 +53,7 @@ def test_padded_logits_equal_original(tmp_path, arch):
 
 
 def test_padded_runs_through_engine_runner(tmp_path):
-    from engine.model import DecoderRunner
+    from engine.model.runner import DecoderRunner
 
     tokenizer = build_tokenizer()
     model = build_model("llama", len(tokenizer), seed=4, eos_token_id=tokenizer.eos_token_id)

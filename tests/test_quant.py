@@ -15,18 +15,18 @@ import torch
 from offload_passes import assert_same_logits, reference_greedy, run_passes, streamed_runner
 from tiny_models import make_tiny_pair
 
-from engine import checkpoint, quant
-from engine.bench_quant import quantize_gptq
 from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
-from engine.engine import Engine
-from engine.layer_store import OffloadError, layer_tensors, layout_of
-from engine.model import DecoderRunner
-from engine.types import SamplingParams
+from engine.model import checkpoint, gptq
+from engine.model.runner import DecoderRunner
+from engine.offload.layout import layer_tensors, layout_of
+from engine.runtime import Engine
+from engine.tools.bench_quant import quantize_gptq
+from engine.types import CheckpointError, OffloadError, SamplingParams
 
 NUM_LAYERS = 4
-MISSING = quant.missing_modules()
+MISSING = gptq.missing_modules()
 needs_gptq = pytest.mark.skipif(
-    bool(MISSING), reason=f"the gptq extra is not installed ({', '.join(MISSING)} missing): {quant.GPTQ_PIP}"
+    bool(MISSING), reason=f"the gptq extra is not installed ({', '.join(MISSING)} missing): {gptq.GPTQ_PIP}"
 )
 
 
@@ -43,7 +43,7 @@ def gptq_pair(request, tmp_path_factory) -> tuple[str, str, str]:
     """Without and with act-order (desc_act: g_idx permutes the groups, as in TheBloke's
     Llama-2-70B-chat-GPTQ main branch, the shipped GPTQ config)."""
     if MISSING:
-        pytest.skip(f"the gptq extra is not installed: {quant.GPTQ_PIP}")
+        pytest.skip(f"the gptq extra is not installed: {gptq.GPTQ_PIP}")
     return quantize_tiny_llama(tmp_path_factory.mktemp("gptq"), desc_act=request.param)
 
 
@@ -53,7 +53,7 @@ def test_layers_are_packed_and_stateless(gptq_pair, monkeypatch):
     for name in ("GPTQ_TORCH_STREAMING", "GPTQ_TORCH_CACHE_WEIGHTS", "GPTQ_TORCH_LOOKAHEAD"):
         monkeypatch.setenv(name, "1")  # kernel options that keep state or use side streams: all undone
     model = checkpoint.load_model(target, torch.float32)
-    subs = [sub for layer in model.model.layers for sub in quant.quantized_modules(layer).values()]
+    subs = [sub for layer in model.model.layers for sub in gptq.quantized_modules(layer).values()]
     assert subs and not any(s._streaming_enabled or s._cache_enabled or s._lookahead_enabled for s in subs)
     layout = layout_of(model.model.layers[0])
     names = {entry.name.rsplit(".", 1)[-1] for entry in layout.entries}
@@ -67,7 +67,7 @@ def test_layers_are_packed_and_stateless(gptq_pair, monkeypatch):
     assert torch.equal(g_idx, torch.arange(g_idx.numel(), dtype=g_idx.dtype) // 32) != desc_act
     run_passes(DecoderRunner(model))
     for layer in model.model.layers:
-        assert quant.unregistered_tensors(layer) == []  # no caches or derived weights survive a call
+        assert gptq.unregistered_tensors(layer) == []  # no caches or derived weights survive a call
 
 
 @needs_gptq
@@ -81,7 +81,7 @@ def test_streamed_quantized_logits_equal_resident(gptq_pair, source, resident, r
         for _ in range(2):  # the second time, the ring has wrapped into the next passes
             assert_same_logits(run_passes(runner), want)
         for idx in runner.layers.streamed:
-            assert quant.unregistered_tensors(runner.hf_layers[idx]) == []
+            assert gptq.unregistered_tensors(runner.hf_layers[idx]) == []
     finally:
         runner.layers.close()
 
@@ -92,14 +92,14 @@ def test_disk_source_redoes_the_v1_zero_point_conversion(gptq_pair):
     must land the loaded bytes: without the fixup the layer check refuses the checkpoint."""
     target, _, _ = gptq_pair
     model = checkpoint.load_model(target, torch.float32)
-    fixups = quant.disk_fixups(model.config, dict(enumerate(model.model.layers)))
+    fixups = gptq.disk_fixups(model.config, dict(enumerate(model.model.layers)))
     assert set(fixups) == set(range(NUM_LAYERS))
     assert all(len(f) == 7 and all(n.endswith(".qzeros") for n in f) for f in fixups.values())
-    assert quant.packed_ones(4, 32) == 0x11111111
+    assert gptq.packed_ones(4, 32) == 0x11111111
     layer = model.model.layers[0]
     assert not any(n.startswith("mlp.up_proj.wf_") for n in layer_tensors(layer))  # constants stay put
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(quant, "disk_fixups", lambda config, layers: {})
+        mp.setattr(gptq, "disk_fixups", lambda config, layers: {})
         with pytest.raises(OffloadError, match="qzeros read from .* differs from the loaded weights"):
             streamed_runner(target, source="disk", resident_layers=1)
 
@@ -137,18 +137,18 @@ def write_quantized_config(folder: Path, method: str) -> str:
 
 
 def test_missing_extra_error_gives_the_pip_command(tmp_path, monkeypatch):
-    monkeypatch.setattr(quant, "missing_modules", lambda names=quant.GPTQ_MODULES: list(names))
+    monkeypatch.setattr(gptq, "missing_modules", lambda names=gptq.GPTQ_MODULES: list(names))
     path = write_quantized_config(tmp_path / "gptq", "gptq")
-    with pytest.raises(checkpoint.CheckpointError) as info:
+    with pytest.raises(CheckpointError) as info:
         checkpoint.read_config(path)
     message = str(info.value)
     assert "GPTQ 4-bit" in message and "optimum, gptqmodel not installed" in message
-    assert quant.GPTQ_PIP in message and quant.GPTQ_PIP_SOURCE in message
+    assert gptq.GPTQ_PIP in message and gptq.GPTQ_PIP_SOURCE in message
 
 
 def test_unsupported_quantization_is_refused(tmp_path):
     path = write_quantized_config(tmp_path / "awq", "awq")
-    with pytest.raises(checkpoint.CheckpointError, match="quantization method 'awq' is not supported"):
+    with pytest.raises(CheckpointError, match="quantization method 'awq' is not supported"):
         checkpoint.read_config(path)
 
 

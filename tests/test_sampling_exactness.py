@@ -6,7 +6,7 @@ SpecInfer), logits processing from each node's own path, and verification. 20,00
 of 3 tokens per configuration are compared by a chi-square test, for the first token and for
 the whole 3-token continuation, with the exact target distribution. That distribution is
 enumerated with a reference written here in plain float64 Python from the documented meaning of
-each parameter (vLLM/OpenAI semantics), so it shares no code with engine.sampling. Two
+each parameter (vLLM/OpenAI semantics), so it shares no code with engine.spec.sampling. Two
 deliberately broken verifiers show the test has teeth."""
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import torch
 from bigram import bigram_sampled_tree, bigram_tree
 from scipy.stats import chisquare
 
-import engine.sampling as sampling
-import engine.verify as verify
+import engine.spec.sampling as sampling
+import engine.spec.verify as verify
 from engine.config import SpeculationConfig
-from engine.sampling import make_generator
-from engine.step import verify_step
-from engine.tree import Tree
+from engine.spec.sampling import make_generator
+from engine.spec.step import verify_step
+from engine.spec.tree import Tree
 from engine.types import SamplingParams
 
 VOCAB = 6
@@ -171,7 +171,7 @@ def run(make_tree, params: SamplingParams, num: int, seed: int) -> tuple[float, 
 ], ids=["plain", "shaped", "top_k", "top_p", "min_p", "repetition", "presence-frequency"])
 def test_engine_processing_matches_the_reference(params):
     """Row by row, the engine's processed distribution equals the independent reference."""
-    from engine.sampling import process_logits
+    from engine.spec.sampling import process_logits
 
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(64, VOCAB, generator=gen) * 2

@@ -89,7 +89,7 @@ def wait_healthy(server: ServerProcess, timeout: float = STARTUP_TIMEOUT) -> Non
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from tiny_models import make_tiny_pair  # noqa: PLC0415
+    from tiny_models import make_tiny_pair
 
     return make_tiny_pair(tmp_path_factory.mktemp("tiny_pair"), draft="noisy")
 
@@ -150,7 +150,7 @@ class FakeServer:
 
 
 def _run_uvicorn(app: Any, port: int) -> tuple[Any, threading.Thread]:
-    import uvicorn  # noqa: PLC0415
+    import uvicorn
 
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from engine.config import ConfigError
+from engine.types import ConfigError
 from server.config import ServerConfig
 from server.serve import add_server_arguments, server_config_from
 

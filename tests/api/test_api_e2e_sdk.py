@@ -176,7 +176,7 @@ def test_concurrent_greedy_clients_get_their_solo_output(live_server, client: op
 
 def target_alone_greedy(model: Any, prompt_ids: list[int], max_tokens: int, eos_id: int) -> list[int]:
     """Plain greedy decoding with the target alone (transformers, full forward each step)."""
-    import torch  # noqa: PLC0415
+    import torch
 
     ids = list(prompt_ids)
     out: list[int] = []
@@ -191,8 +191,8 @@ def target_alone_greedy(model: Any, prompt_ids: list[int], max_tokens: int, eos_
 
 
 def test_greedy_http_equals_target_alone(client: openai.OpenAI, model_id: str, tiny_pair) -> None:
-    import torch  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(1)
     target_path = tiny_pair[0]

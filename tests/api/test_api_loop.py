@@ -9,8 +9,16 @@ import time
 import pytest
 from fake_engine import FakeEngine
 
-from engine.loop import EngineLoop, EngineUnavailable, JobReport, QueueFull
-from engine.types import EngineFault, FinishReason, Request, SamplingParams, TokenDelta
+from engine.async_engine import AsyncEngine, JobReport
+from engine.types import (
+    EngineFault,
+    EngineUnavailable,
+    FinishReason,
+    QueueFull,
+    Request,
+    SamplingParams,
+    TokenDelta,
+)
 
 
 def request(rid: str, max_tokens: int = 12, **params) -> Request:
@@ -21,9 +29,9 @@ async def collect(stream) -> list[TokenDelta]:
     return [delta async for delta in stream]
 
 
-def make_loop(engine: FakeEngine, max_queue: int = 4) -> tuple[EngineLoop, list[JobReport]]:
+def make_loop(engine: FakeEngine, max_queue: int = 4) -> tuple[AsyncEngine, list[JobReport]]:
     reports: list[JobReport] = []
-    loop = EngineLoop(engine, max_queue, on_finish=reports.append)
+    loop = AsyncEngine(engine, max_queue, on_finish=reports.append)
     loop.start()
     return loop, reports
 
@@ -96,7 +104,7 @@ def test_a_finished_request_is_no_longer_running_when_its_last_delta_arrives() -
 
     async def main() -> None:
         engine = FakeEngine()
-        loop = EngineLoop(engine, 4, on_delta=slow_hook)
+        loop = AsyncEngine(engine, 4, on_delta=slow_hook)
         loop.start()
         for rid in ("a", "b"):
             deltas = await collect(loop.submit(request(rid, max_tokens=3)))

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from engine import checkpoint
-from engine.budget import BudgetTracker, calibration_budgets
 from engine.config import EngineConfig, SpeculationConfig
-from engine.draft import Drafter
-from engine.model import DecoderRunner
-from engine.sampling import make_generator
-from engine.step import Sequence, StepContext, prefill, run_step
+from engine.model import checkpoint
+from engine.model.runner import DecoderRunner
+from engine.spec.budget import BudgetTracker, calibration_budgets
+from engine.spec.draft import Drafter
+from engine.spec.sampling import make_generator
+from engine.spec.step import Sequence, StepContext, prefill, run_step
 from engine.types import (
+    CheckpointError,
     ContextLengthError,
     FinishReason,
     GenerationStats,
@@ -55,7 +56,7 @@ def load_pair(config: EngineConfig) -> LoadedPair:
     needs_draft = config.speculation.method != "autoregressive"
     if needs_draft:
         if not model_cfg.draft:
-            raise checkpoint.CheckpointError(f"method {config.speculation.method} needs a draft model (--draft)")
+            raise CheckpointError(f"method {config.speculation.method} needs a draft model (--draft)")
         checkpoint.read_config(model_cfg.draft)
         checkpoint.check_vocab(model_cfg.target, tokenizer, model_cfg.draft, checkpoint.load_tokenizer(model_cfg.draft))
     target_model = checkpoint.load_model(model_cfg.target, dtype)
@@ -74,7 +75,7 @@ def build_target_runner(model: torch.nn.Module, config: EngineConfig, device: to
     """Resident target, or layers streamed by the offload streamer."""
     if not config.offload.enabled:
         return DecoderRunner(model.to(device))
-    from engine.offload import build_offloaded_runner  # noqa: PLC0415
+    from engine.offload.build import build_offloaded_runner
 
     return build_offloaded_runner(model, config, device)
 

@@ -8,16 +8,20 @@ complete checkpoint (gptqmodel's quantizer) accept it. Built in seconds, no down
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.flags import DEFAULT_MODELS
+from engine.cli import DEFAULT_MODELS
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 VOCAB_SIZE = 4096  # the default model's tokenizer
+DEFAULT_SHAPE = {"num_layers": 4, "hidden": 1024, "mlp": 8192, "seed": 0}  # `bench quant` defaults
+DONE_FILE = "built.json"  # written last: a folder without it is an interrupted build
 
 
 def bench_config(
@@ -58,3 +62,29 @@ def build_bench_target(
         shutil.copy2(DEFAULT_MODELS / "target" / name, folder / name)
     layer_bytes = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
     return folder, layer_bytes
+
+
+def cache_key(shape: dict[str, int], precision: str, extra: tuple = ()) -> str:
+    """A folder name for one built checkpoint: shape, precision and a digest of everything it depends on."""
+    fields = [shape["num_layers"], shape["hidden"], shape["mlp"], VOCAB_SIZE, shape["seed"], precision, *extra]
+    digest = hashlib.sha256("|".join(map(str, fields)).encode()).hexdigest()[:12]
+    return f"{precision}-{shape['num_layers']}x{shape['hidden']}x{shape['mlp']}-{digest}"
+
+
+def is_built(folder: Path) -> bool:
+    return (folder / DONE_FILE).is_file()
+
+
+def mark_built(folder: Path, precision: str, shape: dict[str, int]) -> Path:
+    (folder / DONE_FILE).write_text(json.dumps({"precision": precision, **shape}, indent=2))
+    return folder
+
+
+def cached_float_target(root: Path, shape: dict[str, int], precision: str, dtype: torch.dtype) -> Path:
+    """The checkpoint of `shape` in `dtype` under `root`, built first if absent."""
+    folder = root / cache_key(shape, precision)
+    if not is_built(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+        build_bench_target(folder, dtype=dtype, **shape)
+        mark_built(folder, precision, shape)
+    return folder

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
-from engine.config import ConfigError, EngineConfig, engine_config_from, read_config_file
+from engine.config import EngineConfig, engine_config_from, read_config_file
+from engine.types import ConfigError
 
 DEFAULT_MODELS = Path(__file__).resolve().parents[1] / "models" / "default"
 DEFAULT_MODEL_NAME = "specexec-default"
@@ -84,3 +86,8 @@ def check_paths(config: EngineConfig) -> None:
                 f"--{role} {path}: no such model folder. The server never downloads weights: fetch them first "
                 f"(e.g. `hf download <repo id> --local-dir <folder>`) and point --{role} or model.{role} at the folder"
             )
+
+
+def comma_list(kind: type) -> Callable[[str], list]:
+    """An argparse type: "1,2,3" -> [kind("1"), kind("2"), kind("3")]."""
+    return lambda text: [kind(v) for v in text.split(",") if v]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-log = logging.getLogger("engine.budget")
+log = logging.getLogger("engine.spec.budget")
 
 DEFAULT_MAX_BUDGET = 1024
 DEFAULT_MIN_BUDGET = 16

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.device import PAGE, empty_buffer
-from engine.layer_store import LayerLayout, TensorEntry, placeholders, view_of
-from engine.safetensors_index import ReadPiece, plan_pieces, read_index
+from engine.offload.device import PAGE, empty_buffer
+from engine.offload.layout import LayerLayout, TensorEntry, placeholders, view_of
+from engine.offload.safetensors_index import ReadPiece, plan_pieces, read_index
 
 READ_CHUNK = 64 << 20  # bytes per read call
 

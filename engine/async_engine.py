@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.types import EngineFault, FinishReason, Request, TokenDelta
+from engine.types import EngineFault, EngineUnavailable, FinishReason, QueueFull, Request, TokenDelta
 
 log = logging.getLogger("specexec.loop")
 
@@ -35,17 +35,6 @@ MAX_RUNNING = 1
 
 class GeneratingEngine(Protocol):
     def generate(self, request: Request, should_abort: Callable[[], bool] | None = None) -> Iterator[TokenDelta]: ...
-
-
-class QueueFull(RuntimeError):
-    def __init__(self, max_queue: int, retry_after: int):
-        self.max_queue = max_queue
-        self.retry_after = retry_after  # seconds, an estimate from recent request durations
-        super().__init__(f"request queue is full ({max_queue} waiting)")
-
-
-class EngineUnavailable(RuntimeError):
-    """The loop is not running, or a device fault took the engine down."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +69,7 @@ class _Job:
 class DeltaStream:
     """Async iterator over one request's deltas; ends after the delta with `finish_reason`."""
 
-    def __init__(self, owner: EngineLoop, job: _Job):
+    def __init__(self, owner: AsyncEngine, job: _Job):
         self._owner = owner
         self._job = job
         self._done = False
@@ -106,7 +95,7 @@ class DeltaStream:
             self._done = True
 
 
-class EngineLoop:
+class AsyncEngine:
     """Serves `engine.generate` to asyncio callers; see the module docstring for the policy."""
 
     def __init__(

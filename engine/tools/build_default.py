@@ -5,7 +5,7 @@ out), a small Llama target trained by next-token prediction, a ~5x smaller Llama
 the target (KL to its logits plus a little CE), both saved as fp16 HF checkpoints with the identical
 tokenizer, then evaluated on the held-out slice and described in MODEL_CARD.md.
 
-    python -m engine.build_default --out models/default --threads 1
+    python -m engine.tools.build_default --out models/default --threads 1
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
 
-from engine import training as tr
+from engine.tools import training as tr
 
 SAMPLE_PROMPT = "def fibonacci(n):\n"
-ACCEPTANCE_PROMPTS = 5  # code prompts of engine.bench_prompts
+ACCEPTANCE_PROMPTS = 5  # code prompts of engine.tools.bench_prompts
 ACCEPTANCE_TOKENS = 64  # new tokens per prompt
 ACCEPTANCE_BUDGET = 64
 
@@ -240,7 +240,7 @@ def model_card(
         "",
         "## Command",
         "",
-        f"    {shlex.join([Path(sys.executable).name, '-m', 'engine.build_default', *sys.argv[1:]])}",
+        f"    {shlex.join([Path(sys.executable).name, '-m', 'engine.tools.build_default', *sys.argv[1:]])}",
         "",
         f"- Seed {s['seed']}, {s['threads']} torch thread(s), Python {platform.python_version()}, "
         f"torch {torch.__version__}, stdlib at `{s['corpus']}`",
@@ -320,10 +320,10 @@ def _training_lines(s: dict[str, Any], facts: dict[str, Any]) -> list[str]:
 def tokens_per_pass(out: Path) -> dict[tuple[str, float], float]:
     """Mean tokens per target pass (accepted + bonus) of the saved pair, at budget ACCEPTANCE_BUDGET,
     over the first ACCEPTANCE_PROMPTS code prompts: {(method, temperature): value}."""
-    from engine.bench_prompts import CODE_PROMPTS  # noqa: PLC0415  (engine imports stay out of training)
-    from engine.config import EngineConfig, ModelConfig, SpeculationConfig  # noqa: PLC0415
-    from engine.engine import Engine  # noqa: PLC0415
-    from engine.types import Request, SamplingParams  # noqa: PLC0415
+    from engine.config import EngineConfig, ModelConfig, SpeculationConfig
+    from engine.runtime import Engine
+    from engine.tools.bench_prompts import CODE_PROMPTS
+    from engine.types import Request, SamplingParams
 
     models = ModelConfig(target=str(out / "target"), draft=str(out / "draft"))
     base = Engine.load(EngineConfig(model=models, speculation=SpeculationConfig(budget=ACCEPTANCE_BUDGET)))
@@ -369,7 +369,7 @@ def _eval_lines(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m engine.build_default", description=__doc__.split("\n")[0]
+        prog="python -m engine.tools.build_default", description=__doc__.split("\n")[0]
     )
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -5,12 +5,35 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from engine.bench import RunResult
+
+@dataclass
+class RunResult:
+    """One configuration over every prompt: raw figures, one list entry per prompt."""
+
+    mode: str
+    temperature: float
+    method: str
+    budget: int | str  # int, or "auto"
+    completion_tokens: list[int] = field(default_factory=list)  # per prompt
+    target_passes: list[int] = field(default_factory=list)
+    decode_seconds: list[float] = field(default_factory=list)
+    prefill_seconds: list[float] = field(default_factory=list)
+    draft_seconds: list[float] = field(
+        default_factory=list
+    )  # engine step split (draft incl. tree bookkeeping)
+    target_seconds: list[float] = field(default_factory=list)
+    draft_forward_seconds: list[float] = field(default_factory=list)  # inside the draft model's forward
+    target_forward_seconds: list[float] = field(default_factory=list)  # inside the target's (incl. streaming)
+    tree_sizes: list[list[int]] = field(default_factory=list)  # per prompt, per step (root included)
+    accepted: list[list[int]] = field(default_factory=list)
+    steps: list[list[tuple[float, float, float]]] = field(
+        default_factory=list
+    )  # per step (draft, target, step) s
+
 
 MODE_LABELS = {
     "resident": "target resident",
@@ -171,10 +194,10 @@ def plot(
     path: Path,
     title: str,
 ) -> None:
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(
         len(modes), len(temperatures), figsize=(5.5 * len(temperatures), 4 * len(modes)), squeeze=False
@@ -270,7 +293,7 @@ def write_report(out: Path, meta: dict, raw: list[dict]) -> dict[str, Path]:
     return paths
 
 
-if __name__ == "__main__":  # rebuild the outputs from a run's raw.json: python -m engine.bench_report DIR
+if __name__ == "__main__":  # rebuild the outputs from a run's raw.json: python -m engine.tools.bench_report DIR
     folder = Path(sys.argv[1])
     data = json.loads((folder / "raw.json").read_text())
     print(write_report(folder, data["meta"], data["results"]))

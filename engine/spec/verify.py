@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling import sample_tokens
-from engine.tree import Tree
+from engine.spec.sampling import sample_tokens
+from engine.spec.tree import Tree
 
 
 @dataclass

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import SpeculationConfig
-from engine.kv_cache import KVCache
-from engine.model import DecoderRunner
-from engine.sampling import apply_logit_bias, process_logits
-from engine.tree import Tree, append_nodes, causal_mask
+from engine.model.kv_cache import KVCache
+from engine.model.runner import DecoderRunner
+from engine.spec.sampling import apply_logit_bias, process_logits
+from engine.spec.tree import Tree, append_nodes, causal_mask
 from engine.types import SamplingParams
 
 

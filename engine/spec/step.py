@@ -7,16 +7,16 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.budget import acceptance_curve, node_indicator
 from engine.config import SpeculationConfig
-from engine.device import timed
-from engine.draft import Drafter, GrowLimits, grow_sampled_tree, grow_tree
-from engine.kv_cache import KVCache
-from engine.model import DecoderRunner
-from engine.sampling import process_logits
-from engine.tree import Tree, causal_mask, path_token_counts, prefix_tree_mask
+from engine.model.kv_cache import KVCache
+from engine.model.runner import DecoderRunner
+from engine.offload.device import timed
+from engine.spec.budget import acceptance_curve, node_indicator
+from engine.spec.draft import Drafter, GrowLimits, grow_sampled_tree, grow_tree
+from engine.spec.sampling import process_logits
+from engine.spec.tree import Tree, causal_mask, path_token_counts, prefix_tree_mask
+from engine.spec.verify import Verdict, path_probabilities, verify_specinfer, verify_tree
 from engine.types import SamplingParams, StepStats
-from engine.verify import Verdict, path_probabilities, verify_specinfer, verify_tree
 
 PREFILL_CHUNK = 512
 

@@ -11,17 +11,11 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from engine.model import SUPPORTED_ARCHS
+from engine.model import gptq
+from engine.model.runner import SUPPORTED_ARCHS
+from engine.types import CheckpointError, VocabMismatchError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, unreadable or unsupported."""
-
-
-class VocabMismatchError(CheckpointError):
-    pass
 
 
 def resolve_device(device: str) -> torch.device:
@@ -44,23 +38,19 @@ def read_config(path: str) -> dict:
     archs = config.get("architectures") or []
     if not any(arch in SUPPORTED_ARCHS for arch in archs):
         raise CheckpointError(f"{path}: architecture {archs} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
-    from engine import quant  # noqa: PLC0415  (quant imports CheckpointError from here)
-
-    quant.check_loadable(path, config)
+    gptq.check_loadable(path, config)
     return config
 
 
 def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
     """Load weights on `device` (host by default: the offload planner moves what is resident)."""
-    from engine import quant  # noqa: PLC0415  (quant imports CheckpointError from here)
-
     config = read_config(path)
-    quantized = quant.quant_method(config) is not None
+    quantized = gptq.quant_method(config) is not None
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        extra = quant.load_kwargs(config) if quantized else {}
+        extra = gptq.load_kwargs(config) if quantized else {}
         with warnings.catch_warnings():
             # our GPTQConfig only picks the kernel; transformers warns that it merges it into the checkpoint's
             warnings.filterwarnings("ignore", message="You passed `quantization_config`", category=UserWarning)
@@ -71,7 +61,7 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu"
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
     if quantized:
-        quant.make_streamable(model)  # packed buffers only: resident and streamed layers run the same
+        gptq.make_streamable(model)  # packed buffers only: resident and streamed layers run the same
     return model.to(device).eval().requires_grad_(False)
 
 

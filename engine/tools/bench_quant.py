@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import importlib.metadata
 import json
 import multiprocessing
@@ -29,15 +28,15 @@ from pathlib import Path
 
 import torch
 
-from engine import bench_offload, quant
-from engine.bench import csv
-from engine.bench_target import VOCAB_SIZE, build_bench_target
-from engine.checkpoint import resolve_device
-from engine.pad_target import cache_base
+from engine.cli import comma_list
+from engine.model import gptq
+from engine.model.checkpoint import resolve_device
+from engine.tools import bench_offload
+from engine.tools.bench_target import cache_key, cached_float_target, is_built, mark_built
+from engine.tools.pad_target import cache_base
 
 PRECISIONS = ("fp32", "fp16", "gptq-4bit")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "gptq-4bit": torch.float32}  # load (activation) dtype
-DONE_FILE = "built.json"
 CALIBRATION_SAMPLES = 16
 CALIBRATION_TOKENS = 64
 
@@ -57,7 +56,7 @@ class QuantRow:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--precisions", type=csv(str), default=list(PRECISIONS), help=f"comma list of {PRECISIONS}"
+        "--precisions", type=comma_list(str), default=list(PRECISIONS), help=f"comma list of {PRECISIONS}"
     )
     bench_offload.add_timing_arguments(parser, tokens=[1, 32], passes=2, rounds=2)
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of the built target")
@@ -78,17 +77,8 @@ def cache_dir(args: argparse.Namespace) -> Path:
     return args.cache_dir or cache_base() / "quant-bench"
 
 
-def shape_key(args: argparse.Namespace, precision: str) -> str:
-    fields = [args.layers, args.hidden, args.mlp, VOCAB_SIZE, args.seed, precision]
-    if precision == "gptq-4bit":
-        fields += [
-            args.group_size,
-            CALIBRATION_SAMPLES,
-            CALIBRATION_TOKENS,
-            importlib.metadata.version("gptqmodel"),
-        ]
-    digest = hashlib.sha256("|".join(map(str, fields)).encode()).hexdigest()[:12]
-    return f"{precision}-{args.layers}x{args.hidden}x{args.mlp}-{digest}"
+def shape_of(args: argparse.Namespace) -> dict[str, int]:
+    return {"num_layers": args.layers, "hidden": args.hidden, "mlp": args.mlp, "seed": args.seed}
 
 
 def calibration_data(seed: int, vocab_size: int) -> list[dict[str, list[int]]]:
@@ -103,7 +93,7 @@ def quantize_gptq(
     """GPTQ-quantize checkpoint `source` into `folder` with gptqmodel on this machine's CPU
     (`desc_act`: act-order, as many published checkpoints are; g_idx is then not trivial)."""
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")  # its default, (cores + 1) // 2, fails on 2 cores
-    from gptqmodel import GPTQModel, QuantizeConfig  # noqa: PLC0415
+    from gptqmodel import GPTQModel, QuantizeConfig
 
     vocab_size = json.loads((source / "config.json").read_text())["vocab_size"]
     config = QuantizeConfig(bits=bits, group_size=group_size, desc_act=desc_act, sym=True, offload_to_disk=False)
@@ -121,29 +111,25 @@ def quantize_gptq(
 
 def built_target(args: argparse.Namespace, precision: str) -> Path:
     """The cached checkpoint for `precision`, built first if absent."""
-    folder = cache_dir(args) / shape_key(args, precision)
-    if (folder / DONE_FILE).is_file():
+    shape = shape_of(args)
+    if precision != "gptq-4bit":
+        return cached_float_target(cache_dir(args), shape, precision, DTYPES[precision])
+    extra = (args.group_size, CALIBRATION_SAMPLES, CALIBRATION_TOKENS, importlib.metadata.version("gptqmodel"))
+    folder = cache_dir(args) / cache_key(shape, precision, extra)
+    if is_built(folder):
         return folder
     shutil.rmtree(folder, ignore_errors=True)
-    shape = {"num_layers": args.layers, "hidden": args.hidden, "mlp": args.mlp, "seed": args.seed}
-    if precision == "gptq-4bit":
-        source = built_target(args, "fp32")
-        print(f"quantizing {source} to GPTQ 4-bit (group {args.group_size}) ...", file=sys.stderr, flush=True)
-        # In a child process: after quantizing, gptqmodel's leftover state slowed this process's later
-        # passes (a GPTQ pass measured 1171 ms right after quantizing in-process, 421 ms in a fresh one).
-        child = multiprocessing.get_context("spawn").Process(
-            target=quantize_gptq, args=(source, folder, args.group_size, args.seed)
-        )
-        child.start()
-        child.join()
-        if child.exitcode != 0:
-            raise RuntimeError(
-                f"quantizing {source} with gptqmodel failed (exit code {child.exitcode}); see above"
-            )
-    else:
-        build_bench_target(folder, dtype=DTYPES[precision], **shape)
-    (folder / DONE_FILE).write_text(json.dumps({"precision": precision, **shape}, indent=2))
-    return folder
+    source = built_target(args, "fp32")
+    print(f"quantizing {source} to GPTQ 4-bit (group {args.group_size}) ...", file=sys.stderr, flush=True)
+    # In a child process: gptqmodel's leftover state slows this process's later passes.
+    child = multiprocessing.get_context("spawn").Process(
+        target=quantize_gptq, args=(source, folder, args.group_size, args.seed)
+    )
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise RuntimeError(f"quantizing {source} with gptqmodel failed (exit code {child.exitcode}); see above")
+    return mark_built(folder, precision, shape)
 
 
 def measure_all(precisions: list[str], args: argparse.Namespace, device: torch.device) -> list[QuantRow]:
@@ -214,11 +200,11 @@ def run(args: argparse.Namespace) -> int:
     bench_offload.set_threads(args.threads, device)
     precisions = [p for p in PRECISIONS if p in args.precisions]
     skipped = []
-    if "gptq-4bit" in precisions and quant.missing_modules():
+    if "gptq-4bit" in precisions and gptq.missing_modules():
         precisions.remove("gptq-4bit")
         skipped.append(
-            f"gptq-4bit: skipped, the gptq extra is not installed ({', '.join(quant.missing_modules())} "
-            f"missing): {quant.GPTQ_PIP}"
+            f"gptq-4bit: skipped, the gptq extra is not installed ({', '.join(gptq.missing_modules())} "
+            f"missing): {gptq.GPTQ_PIP}"
         )
     rows = measure_all(precisions, args, device)
     print(

@@ -7,7 +7,7 @@ released its slot, so at most ring_size streamed layers are ever materialised on
 after a pass's last streamed layer the loader goes on with the next pass's first layers (the ring
 wraps, so they prefetch while the draft works).
 
-CUDA: the loader queues copies on per-slot copy streams, ordered with events (engine.device); with
+CUDA: the loader queues copies on per-slot copy streams, ordered with events (engine.offload.device); with
 the disk source it first reads each layer into pinned staging itself (a blocking read).
 CPU: the loader thread does the copies (or disk reads) into RAM slots itself, in parallel with compute.
 A loader failure is stored and raised in the compute thread at the next layer it needs.
@@ -22,9 +22,11 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from engine.device import CopyStreams, empty_buffer, empty_host
-from engine.disk_store import DiskStore
-from engine.layer_store import LayerBinding, LayerLayout, OffloadError, RamStore, views
+from engine.offload.device import CopyStreams, empty_buffer, empty_host
+from engine.offload.disk_store import DiskStore
+from engine.offload.layout import LayerBinding, LayerLayout, views
+from engine.offload.ram_store import RamStore
+from engine.types import OffloadError
 
 EventHook = Callable[[str, int, int], None]  # (event, layer idx, slot)
 

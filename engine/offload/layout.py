@@ -1,4 +1,4 @@
-"""Layer layouts and the RAM tier: where a streamed decoder layer's bytes live between passes.
+"""Layer layouts: where each tensor of a streamed decoder layer sits in one flat byte buffer.
 
 Every streamed layer has a `LayerLayout`: its tensors (parameters, then buffers, in named order)
 at fixed offsets of one flat uint8 buffer, packed at ALIGN-byte offsets (or, on the disk tier,
@@ -8,19 +8,12 @@ contiguous copy, and binding a module to a buffer is pointing each tensor at a v
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from engine.device import empty_host
-
 ALIGN = 256  # bytes; every tensor view starts at a multiple (vectorised kernels, CUDA alignment)
-
-
-class OffloadError(RuntimeError):
-    """Streaming the target's layers failed: a read or copy error, a bad layout, not enough memory."""
 
 
 @dataclass(frozen=True)
@@ -104,71 +97,3 @@ class LayerBinding:
 
     def data_ptrs(self) -> list[int]:
         return [getattr(owner, leaf).data_ptr() for owner, leaf, _ in self.targets]
-
-
-def host_memory_available() -> int:
-    """Bytes the host can still allocate (MemAvailable on Linux: free memory plus reclaimable cache)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def file_mapped_ranges() -> list[tuple[int, int]]:
-    """Address ranges of this process mapped from files (Linux; empty elsewhere)."""
-    ranges = []
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                fields = line.split(maxsplit=5)
-                if len(fields) == 6 and fields[5].startswith("/"):
-                    lo, hi = fields[0].split("-")
-                    ranges.append((int(lo, 16), int(hi, 16)))
-    except OSError:
-        pass
-    return ranges
-
-
-def anonymous_bytes(tensors: list[torch.Tensor]) -> int:
-    """Bytes of host tensors that are not memory-mapped from a file (freeing them frees RAM)."""
-    mapped = file_mapped_ranges()
-    total = 0
-    for tensor in tensors:
-        ptr = tensor.data_ptr()
-        if tensor.device.type == "cpu" and not any(lo <= ptr < hi for lo, hi in mapped):
-            total += tensor.numel() * tensor.element_size()
-    return total
-
-
-class RamStore:
-    """Each streamed layer in one contiguous host buffer (pinned with CUDA); at rest the module's
-    tensors are views into it (the separate host copies they had before are freed)."""
-
-    source = "ram"
-
-    def __init__(self, modules: dict[int, nn.Module], layouts: dict[int, LayerLayout]):
-        self.layouts = layouts
-        self.buffers: dict[int, torch.Tensor] = {}  # layer idx -> [layout.nbytes] uint8
-        self.rest: dict[int, list[torch.Tensor]] = {}
-        for idx, module in modules.items():
-            layout = layouts[idx]
-            try:
-                buffer = empty_host(layout.nbytes)
-            except RuntimeError as exc:
-                raise OffloadError(
-                    f"cannot allocate {layout.nbytes:,} bytes of host memory for target layer {idx} "
-                    f"({host_memory_available():,} available): {exc}"
-                ) from exc
-            host_views = views(buffer, layout)
-            for view, tensor in zip(host_views, layer_tensors(module).values(), strict=True):
-                view.copy_(tensor)
-            LayerBinding(module, layout).bind(host_views)
-            self.buffers[idx] = buffer
-            self.rest[idx] = host_views
-
-    def close(self) -> None:
-        return None

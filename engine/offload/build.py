@@ -12,24 +12,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine import quant
-from engine.config import ConfigError, EngineConfig, OffloadConfig
-from engine.device import empty_buffer
-from engine.disk_store import DiskStore
-from engine.layer_ring import LayerStreamer
-from engine.layer_store import (
-    LayerBinding,
-    LayerLayout,
-    OffloadError,
-    RamStore,
-    anonymous_bytes,
-    constant_buffers,
-    host_memory_available,
-    layer_tensors,
-    layout_of,
-    views,
-)
-from engine.model import DecoderRunner
+from engine.config import EngineConfig, OffloadConfig
+from engine.model import gptq
+from engine.model.runner import DecoderRunner
+from engine.offload.device import empty_buffer
+from engine.offload.disk_store import DiskStore
+from engine.offload.layout import LayerBinding, LayerLayout, constant_buffers, layer_tensors, layout_of, views
+from engine.offload.ram_store import RamStore, anonymous_bytes, host_memory_available
+from engine.offload.ring import LayerStreamer
+from engine.types import ConfigError, OffloadError
 
 __all__ = ["OffloadError", "build_offloaded_runner", "plan_resident", "host_memory_available"]
 
@@ -137,7 +128,7 @@ def open_disk_store(
     """The disk tier for decoder layers `streamed` of the checkpoint in `folder` (loaded in `layouts`),
     with the fixups that turn file bytes into the loaded form (quantized checkpoints)."""
     prefixes = {idx: f"model.layers.{idx}." for idx in streamed}
-    return DiskStore(folder, prefixes, layouts, evict, quant.disk_fixups(model_config, streamed))
+    return DiskStore(folder, prefixes, layouts, evict, gptq.disk_fixups(model_config, streamed))
 
 
 def check_disk_layout(store: DiskStore, streamed: dict[int, nn.Module]) -> None:

@@ -7,7 +7,7 @@ max(copy time, compute time); the goal is within 15%. Without --target it uses t
 Llama with four 117 MB fp32 layers that bench quant builds (built once, cached under
 ~/.cache/specexec/quant-bench).
 
-    python -m engine.bench_offload [--target PATH] [--tokens 1 32 256] [--passes 3] [--rounds 3]
+    python -m engine.tools.bench_offload [--target PATH] [--tokens 1 32 256] [--passes 3] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -19,15 +19,18 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import checkpoint
 from engine.config import EngineConfig, ModelConfig, OffloadConfig
-from engine.device import empty_buffer, empty_host, synchronize
-from engine.disk_store import DiskStore
-from engine.layer_ring import LayerStreamer
-from engine.layer_store import RamStore, layout_of
-from engine.model import DecoderRunner
-from engine.offload import build_offloaded_runner, open_disk_store
-from engine.tree import causal_mask
+from engine.model import checkpoint
+from engine.model.runner import DecoderRunner
+from engine.offload.build import build_offloaded_runner, open_disk_store
+from engine.offload.device import empty_buffer, empty_host, synchronize
+from engine.offload.disk_store import DiskStore
+from engine.offload.layout import layout_of
+from engine.offload.ram_store import RamStore
+from engine.offload.ring import LayerStreamer
+from engine.spec.tree import causal_mask
+from engine.tools.bench_target import DEFAULT_SHAPE, cached_float_target
+from engine.tools.pad_target import cache_base
 
 GOAL = 1.15  # streamed pass time / max(copy time, compute time)
 
@@ -202,11 +205,8 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args.threads, device)
     target = args.target
     if target is None:
-        from engine import bench_quant  # noqa: PLC0415 (bench_quant imports this module)
-
-        defaults = argparse.ArgumentParser()
-        bench_quant.add_arguments(defaults)
-        target = str(bench_quant.built_target(defaults.parse_args([]), "fp32"))
+        root = cache_base() / "quant-bench"  # shared with `specexec bench quant`
+        target = str(cached_float_target(root, DEFAULT_SHAPE, "fp32", torch.float32))
         print(f"target: the random Llama bench quant builds at its default shape, {target}")
     rows = measure(target, args, device)
     print(

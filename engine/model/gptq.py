@@ -33,7 +33,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from engine.checkpoint import CheckpointError
+from engine.types import CheckpointError
 
 SUPPORTED_METHODS = ("gptq",)
 GPTQ_MODULES = ("optimum", "gptqmodel")  # transformers' GPTQ path needs both
@@ -79,7 +79,7 @@ def check_loadable(path: str, config: dict) -> None:
 def load_kwargs(config: dict) -> dict:
     """Extra from_pretrained arguments for a quantized checkpoint (only the kernel choice overrides
     the checkpoint's own quantization_config)."""
-    from transformers import GPTQConfig  # noqa: PLC0415
+    from transformers import GPTQConfig
 
     bits = int(config["quantization_config"].get("bits", 4))
     return {"quantization_config": GPTQConfig(bits=bits, backend=GPTQ_BACKEND)}

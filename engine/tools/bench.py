@@ -5,7 +5,7 @@ from RAM, streamed from disk with its pages evicted) and temperature, every budg
 prompt; `--budget auto` runs too. Writes a markdown table, JSON with every raw figure and PNG plots
 (tokens per target pass and tokens/s against the budget, one line per method) to --out.
 
-With --pad-to-gb the target is a padded copy (engine.pad_target): extra no-op layers and zero MLP
+With --pad-to-gb the target is a padded copy (engine.tools.pad_target): extra no-op layers and zero MLP
 units make it stream and compute like a large model while its outputs, so acceptance, stay those of
 the trained pair. Figures measured on it are labelled so.
 
@@ -20,23 +20,22 @@ import gc
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from engine.bench_prompts import PROMPT_SETS, encode_prompt, select_prompts
-from engine.bench_report import write_outputs
-from engine.checkpoint import load_tokenizer
+from engine.cli import DEFAULT_MODELS, CliError, check_paths, comma_list
 from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
-from engine.device import synchronize
-from engine.disk_store import read_span
-from engine.engine import Engine
-from engine.flags import DEFAULT_MODELS, CliError, check_paths
-from engine.model import DecoderRunner
-from engine.pad_target import cache_root, pad_checkpoint
-from engine.safetensors_index import read_index
+from engine.model.checkpoint import load_tokenizer
+from engine.model.runner import DecoderRunner
+from engine.offload.device import synchronize
+from engine.offload.disk_store import read_span
+from engine.offload.safetensors_index import read_index
+from engine.runtime import Engine
+from engine.tools.bench_prompts import PROMPT_SETS, encode_prompt, select_prompts
+from engine.tools.bench_report import RunResult, write_outputs
+from engine.tools.pad_target import cache_root, pad_checkpoint
 from engine.types import Request, SamplingParams
 
 DEFAULT_BUDGETS = "16,32,64,128,256,512,1024"
@@ -45,21 +44,17 @@ METHODS = ("autoregressive", "specinfer", "specexec")
 WARMUP_TOKENS = 8  # --budget auto's warm-up request per temperature (explores the largest budget first)
 
 
-def csv(kind: type):
-    return lambda text: [kind(v) for v in text.split(",") if v]
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=str(DEFAULT_MODELS / "target"), help="target checkpoint folder")
     parser.add_argument("--draft", default=str(DEFAULT_MODELS / "draft"), help="draft checkpoint folder")
     parser.add_argument(
         "--pad-to-gb", type=float, default=0.0, help="pad the target to about this many GB (0: off)"
     )
-    parser.add_argument("--modes", type=csv(str), default=["resident", "disk"], help=f"comma list of {MODES}")
-    parser.add_argument("--budgets", type=csv(int), default=csv(int)(DEFAULT_BUDGETS), help="comma list")
+    parser.add_argument("--modes", type=comma_list(str), default=["resident", "disk"], help=f"comma list of {MODES}")
+    parser.add_argument("--budgets", type=comma_list(int), default=comma_list(int)(DEFAULT_BUDGETS), help="comma list")
     parser.add_argument("--no-auto", action="store_true", help="skip the --budget auto rows")
-    parser.add_argument("--methods", type=csv(str), default=list(METHODS), help=f"comma list of {METHODS}")
-    parser.add_argument("--temperatures", type=csv(float), default=[0.0, 0.6], help="comma list")
+    parser.add_argument("--methods", type=comma_list(str), default=list(METHODS), help=f"comma list of {METHODS}")
+    parser.add_argument("--temperatures", type=comma_list(float), default=[0.0, 0.6], help="comma list")
     parser.add_argument("--prompt-set", choices=PROMPT_SETS, default="mixed")
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts per configuration")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
@@ -75,31 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
-
-
-@dataclass
-class RunResult:
-    """One configuration over every prompt: raw figures, one list entry per prompt."""
-
-    mode: str
-    temperature: float
-    method: str
-    budget: int | str  # int, or "auto"
-    completion_tokens: list[int] = field(default_factory=list)  # per prompt
-    target_passes: list[int] = field(default_factory=list)
-    decode_seconds: list[float] = field(default_factory=list)
-    prefill_seconds: list[float] = field(default_factory=list)
-    draft_seconds: list[float] = field(
-        default_factory=list
-    )  # engine step split (draft incl. tree bookkeeping)
-    target_seconds: list[float] = field(default_factory=list)
-    draft_forward_seconds: list[float] = field(default_factory=list)  # inside the draft model's forward
-    target_forward_seconds: list[float] = field(default_factory=list)  # inside the target's (incl. streaming)
-    tree_sizes: list[list[int]] = field(default_factory=list)  # per prompt, per step (root included)
-    accepted: list[list[int]] = field(default_factory=list)
-    steps: list[list[tuple[float, float, float]]] = field(
-        default_factory=list
-    )  # per step (draft, target, step) s
 
 
 class ForwardClock:
