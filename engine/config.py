@@ -20,7 +20,7 @@ Method = Literal["specexec", "specinfer", "autoregressive"]
 OffloadSource = Literal["ram", "disk"]
 
 
-def _require(cond: bool, field_name: str, message: str) -> None:
+def require(cond: bool, field_name: str, message: str) -> None:
     if not cond:
         raise ConfigError(field_name, message)
 
@@ -34,12 +34,12 @@ class ModelConfig:
     name: str = ""  # model id served over HTTP; default: target folder name
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.dtype in ("auto", "float32", "float16", "bfloat16"),
             "model.dtype",
             f"must be auto, float32, float16 or bfloat16, got {self.dtype!r}",
         )
-        _require(
+        require(
             self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
             "model.device",
             f"must be auto, cpu or cuda[:N], got {self.device!r}",
@@ -60,21 +60,21 @@ class SpeculationConfig:
     greedy_tree_temperature: float = 0.5
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.method in ("specexec", "specinfer", "autoregressive"),
             "speculation.method",
             f"must be specexec, specinfer or autoregressive, got {self.method!r}",
         )
-        _require(
+        require(
             self.budget == "auto" or (isinstance(self.budget, int) and self.budget >= 1),
             "speculation.budget",
             f"must be an integer >= 1 or 'auto', got {self.budget!r}",
         )
         for name in ("max_expand", "max_children", "max_depth"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 1, f"speculation.{name}", f"must be >= 1, got {value!r}")
-        _require(0.0 < self.decay <= 1.0, "speculation.decay", f"must be in (0, 1], got {self.decay!r}")
-        _require(
+            require(isinstance(value, int) and value >= 1, f"speculation.{name}", f"must be >= 1, got {value!r}")
+        require(0.0 < self.decay <= 1.0, "speculation.decay", f"must be in (0, 1], got {self.decay!r}")
+        require(
             isinstance(self.greedy_tree_temperature, int | float) and 0.0 < self.greedy_tree_temperature <= 2.0,
             "speculation.greedy_tree_temperature",
             f"must be in (0, 2], got {self.greedy_tree_temperature!r}",
@@ -91,14 +91,14 @@ class OffloadConfig:
     evict_page_cache: bool = True  # disk source: drop pages after each read (emulates model > RAM)
 
     def __post_init__(self) -> None:
-        _require(self.source in ("ram", "disk"), "offload.source", f"must be ram or disk, got {self.source!r}")
-        _require(
+        require(self.source in ("ram", "disk"), "offload.source", f"must be ram or disk, got {self.source!r}")
+        require(
             self.resident_layers is None or self.resident_layers >= 0,
             "offload.resident_layers",
             f"must be >= 0, got {self.resident_layers!r}",
         )
-        _require(self.gpu_memory is None or self.gpu_memory > 0, "offload.gpu_memory", "must be > 0")
-        _require(self.ring_size >= 2, "offload.ring_size", f"must be >= 2, got {self.ring_size!r}")
+        require(self.gpu_memory is None or self.gpu_memory > 0, "offload.gpu_memory", "must be > 0")
+        require(self.ring_size >= 2, "offload.ring_size", f"must be >= 2, got {self.ring_size!r}")
 
 
 @dataclass(frozen=True)
@@ -108,9 +108,9 @@ class LimitsConfig:
     default_max_tokens: int = 256
 
     def __post_init__(self) -> None:
-        _require(self.max_context is None or self.max_context >= 2, "limits.max_context", "must be >= 2")
-        _require(self.max_queue >= 0, "limits.max_queue", f"must be >= 0, got {self.max_queue!r}")
-        _require(self.default_max_tokens >= 1, "limits.default_max_tokens", "must be >= 1")
+        require(self.max_context is None or self.max_context >= 2, "limits.max_context", "must be >= 2")
+        require(self.max_queue >= 0, "limits.max_queue", f"must be >= 0, got {self.max_queue!r}")
+        require(self.default_max_tokens >= 1, "limits.default_max_tokens", "must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from engine.model.runner import DecoderRunner
 from engine.spec.budget import BudgetTracker, calibration_budgets
 from engine.spec.draft import Drafter
 from engine.spec.sampling import make_generator
-from engine.spec.step import Sequence, StepContext, prefill, run_step
+from engine.spec.step import SequenceState, StepContext, prefill, run_step
 from engine.types import (
     CheckpointError,
     ContextLengthError,
@@ -135,6 +135,11 @@ class Engine:
         if prompt_len + max_tokens > self.max_context:
             raise ContextLengthError(prompt_len, max_tokens, self.max_context)
 
+    def stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        """Token ids that end the request: its stop ids, and EOS unless ignored."""
+        eos = frozenset() if params.ignore_eos else self.eos_token_ids
+        return frozenset(params.stop_token_ids) | eos
+
     def _step_context(self, params: SamplingParams) -> StepContext:
         spec = self.config.speculation
         budget = self.budget
@@ -145,8 +150,7 @@ class Engine:
         draft_cache = self._cache("draft", draft_runner, draft_capacity if self.pair.draft else 1)
         vocab = self.pair.target.vocab_size
         stop_mask = torch.zeros(max(vocab, draft_runner.vocab_size), dtype=torch.bool, device=self.device)
-        stop_ids = [*params.stop_token_ids, *([] if params.ignore_eos else self.eos_token_ids)]
-        stop_mask[[i for i in stop_ids if i < stop_mask.shape[0]]] = True
+        stop_mask[[i for i in self.stop_ids(params) if i < stop_mask.shape[0]]] = True
         return StepContext(
             target=self.pair.target,
             target_cache=target_cache,
@@ -166,7 +170,7 @@ class Engine:
         cache.reset()
         return cache
 
-    def _start(self, request: Request, ctx: StepContext) -> Sequence:
+    def _start(self, request: Request, ctx: StepContext) -> SequenceState:
         vocab = self.pair.target.vocab_size
         prompt = list(request.prompt_ids)
         prompt_mask = None
@@ -176,7 +180,7 @@ class Engine:
         prefill(ctx.target, ctx.target_cache, prompt[:-1])
         if self.pair.draft is not None and self.config.speculation.method != "autoregressive":
             prefill(ctx.drafter.runner, ctx.drafter.cache, prompt[:-1])
-        return Sequence(
+        return SequenceState(
             token_ids=prompt,
             prompt_len=len(prompt),
             params=request.params,
@@ -196,7 +200,7 @@ class Engine:
         ctx = self._step_context(params)
         seq = self._start(request, ctx)
         totals.prefill_seconds = time.perf_counter() - begin
-        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+        stop_ids = self.stop_ids(params)
         while True:
             if should_abort is not None and should_abort():
                 yield TokenDelta(request.request_id, [], FinishReason.ABORT, totals=totals)
@@ -216,7 +220,7 @@ class Engine:
             if finish is not None:
                 return
 
-    def _finish(self, seq: Sequence, new_ids: list[int], stop_ids: set[int]) -> tuple[list[int], FinishReason | None]:
+    def _finish(self, seq: SequenceState, new_ids: list[int], stop_ids: frozenset[int]) -> tuple[list[int], FinishReason | None]:
         for idx, token_id in enumerate(new_ids):
             if token_id in stop_ids:
                 return new_ids[:idx], FinishReason.STOP

@@ -10,15 +10,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.types import ConfigError
+from engine.config import require
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 API_KEY_ENV = "SPECEXEC_API_KEY"
-
-
-def _require(cond: bool, field_name: str, message: str) -> None:
-    if not cond:
-        raise ConfigError(field_name, message)
 
 
 @dataclass(frozen=True)
@@ -35,38 +30,38 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if isinstance(self.cors_origins, list):
             object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
-        _require(isinstance(self.host, str) and bool(self.host), "server.host", "must be a non-empty string")
-        _require(
+        require(isinstance(self.host, str) and bool(self.host), "server.host", "must be a non-empty string")
+        require(
             isinstance(self.port, int) and not isinstance(self.port, bool) and 0 <= self.port <= 65535,
             "server.port",
             f"must be an integer in [0, 65535], got {self.port!r}",
         )
-        _require(
+        require(
             self.api_key is None or (isinstance(self.api_key, str) and self.api_key.strip() == self.api_key != ""),
             "server.api_key",
             "must be a non-empty string without surrounding whitespace",
         )
-        _require(
+        require(
             all(isinstance(o, str) and o for o in self.cors_origins),
             "server.cors_origins",
             f"must be a list of non-empty origin strings, got {self.cors_origins!r}",
         )
-        _require(
+        require(
             self.chat_template is None or Path(self.chat_template).is_file(),
             "server.chat_template",
             f"file not found: {self.chat_template!r}",
         )
-        _require(
+        require(
             self.served_model_name is None or bool(self.served_model_name),
             "server.served_model_name",
             "must be a non-empty string",
         )
-        _require(
+        require(
             isinstance(self.ping_seconds, (int, float)) and self.ping_seconds > 0,
             "server.ping_seconds",
             f"must be > 0, got {self.ping_seconds!r}",
         )
-        _require(self.log_level in LOG_LEVELS, "server.log_level", f"must be one of {', '.join(LOG_LEVELS)}")
+        require(self.log_level in LOG_LEVELS, "server.log_level", f"must be one of {', '.join(LOG_LEVELS)}")
 
     def read_chat_template(self) -> str | None:
         if self.chat_template is None:

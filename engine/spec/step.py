@@ -22,7 +22,7 @@ PREFILL_CHUNK = 512
 
 
 @dataclass
-class Sequence:
+class SequenceState:
     """Committed tokens of one request; the last one is the root of the next tree (no KV yet)."""
 
     token_ids: list[int]
@@ -60,10 +60,10 @@ class StepContext:
     budget: int
     stop_mask: torch.Tensor  # [vocab] bool, tokens never expanded (EOS, stop ids)
     max_context: int
-    track_acceptance: bool = False  # budget auto: record the step's acceptance curve in the Sequence
+    track_acceptance: bool = False  # budget auto: record the step's acceptance curve in the SequenceState
 
 
-def draft_tree(ctx: StepContext, seq: Sequence, max_depth: int) -> Tree:
+def draft_tree(ctx: StepContext, seq: SequenceState, max_depth: int) -> Tree:
     device = ctx.target_cache.device
     if ctx.spec.method == "autoregressive" or max_depth < 1:
         return Tree.single(seq.root_id, device)
@@ -80,11 +80,6 @@ def score_tree(ctx: StepContext, tree: Tree) -> torch.Tensor:
     positions = start + tree.depths
     mask = prefix_tree_mask(tree.ancestors, start)
     return ctx.target.forward(tree.token_ids, positions, ctx.target_cache, start, mask)
-
-
-def judge(ctx: StepContext, seq: Sequence, tree: Tree, logits: torch.Tensor) -> Verdict:
-    include_root = len(seq.token_ids) > seq.prompt_len
-    return verify_step(tree, logits, seq.params, seq.output_counts, seq.prompt_mask, include_root, seq.generator)
 
 
 def verify_step(
@@ -116,7 +111,7 @@ def align_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.cat([probs, probs.new_zeros(probs.shape[0], vocab_size - probs.shape[1])], dim=1)
 
 
-def step_curve(ctx: StepContext, seq: Sequence, tree: Tree, verdict: Verdict) -> torch.Tensor:
+def step_curve(ctx: StepContext, seq: SequenceState, tree: Tree, verdict: Verdict) -> torch.Tensor:
     """[n - 1] E[accepted] per smaller budget (empty unless tracking); greedy counts argmax paths."""
     if not ctx.track_acceptance:
         return tree.scores.new_zeros(0)
@@ -125,7 +120,7 @@ def step_curve(ctx: StepContext, seq: Sequence, tree: Tree, verdict: Verdict) ->
     return acceptance_curve(path_probabilities(tree, verdict.logits))
 
 
-def run_step(ctx: StepContext, seq: Sequence) -> tuple[list[int], StepStats]:
+def run_step(ctx: StepContext, seq: SequenceState) -> tuple[list[int], StepStats]:
     """Append the step's tokens (accepted path + bonus) to `seq`; returns them and the step's stats."""
     device = ctx.target_cache.device
     begin = time.perf_counter()
@@ -134,7 +129,8 @@ def run_step(ctx: StepContext, seq: Sequence) -> tuple[list[int], StepStats]:
     draft_seconds = timed(device, begin)
     logits = score_tree(ctx, tree)
     target_seconds = timed(device, begin) - draft_seconds
-    verdict = judge(ctx, seq, tree, logits)
+    include_root = len(seq.token_ids) > seq.prompt_len
+    verdict = verify_step(tree, logits, seq.params, seq.output_counts, seq.prompt_mask, include_root, seq.generator)
     ctx.target_cache.commit(ctx.target_cache.length + verdict.path)
     ctx.drafter.commit(tree, verdict.path)
     num_new = verdict.path.shape[0]
