@@ -1,8 +1,5 @@
-import sys
-from pathlib import Path
 
 import torch
 
 # Tiny models run fastest single-threaded, and a shared 2-core machine punishes oversubscription.
 torch.set_num_threads(1)
-sys.path.insert(0, str(Path(__file__).parent))

@@ -6,12 +6,12 @@ import subprocess
 import sys
 
 import pytest
-from tiny_models import build_tokenizer, make_tiny_pair
 
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.runtime import Engine
 from engine.spec.step import prefill, run_step
 from engine.types import ContextLengthError, FinishReason, Request, SamplingParams, VocabMismatchError
+from tests.helpers.tiny_models import build_tokenizer, make_tiny_pair
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Fixtures for the API tests.
 
 - `live_server`: ONE session-scoped `specexec serve` process on 127.0.0.1 over a tiny
-  target/draft pair (tests/tiny_models.py); most end-to-end tests share it.
+  target/draft pair (tests/helpers/tiny_models.py); most end-to-end tests share it.
 - `start_serve(...)`: spawn another `specexec serve` with extra flags (the queue-bound,
   API-key and CORS tests share one such process).
 - `fake_server(...)`: the real app over a FakeEngine, served by uvicorn in a thread: fast
@@ -26,13 +26,10 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers.fake_engine import FakeEngine
+
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
-for path in (TESTS, TESTS / "api"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from fake_engine import FakeEngine  # noqa: E402
 
 from engine.config import EngineConfig, LimitsConfig  # noqa: E402
 from server.app import build_app  # noqa: E402
@@ -89,7 +86,7 @@ def wait_healthy(server: ServerProcess, timeout: float = STARTUP_TIMEOUT) -> Non
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from tiny_models import make_tiny_pair
+    from tests.helpers.tiny_models import make_tiny_pair
 
     return make_tiny_pair(tmp_path_factory.mktemp("tiny_pair"), draft="noisy")
 

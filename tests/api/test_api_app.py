@@ -8,10 +8,10 @@ import time
 import httpx
 import openai
 import pytest
-from fake_engine import SCRIPT, FakeEngine
-from sse_helpers import assert_stream_invariants, post_stream
 
 from engine.types import EngineFault
+from tests.helpers.fake_engine import SCRIPT, FakeEngine
+from tests.helpers.sse_helpers import assert_stream_invariants, post_stream
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40}
 PROMPT = {"model": "fake-model", "prompt": "hi", "max_tokens": 40}

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from fake_engine import SCRIPT, tiny_tokenizer
 
 from server.detok import REPLACEMENT_CHAR, Detokenizer, StopMatcher, TextStream
+from tests.helpers.fake_engine import SCRIPT, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

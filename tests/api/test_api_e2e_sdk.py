@@ -7,7 +7,8 @@ from typing import Any
 
 import openai
 import pytest
-from sse_helpers import assert_stream_invariants, post_stream
+
+from tests.helpers.sse_helpers import assert_stream_invariants, post_stream
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-from fake_engine import FakeEngine
 
 from engine.async_engine import AsyncEngine, JobReport
 from engine.types import (
@@ -19,6 +18,7 @@ from engine.types import (
     SamplingParams,
     TokenDelta,
 )
+from tests.helpers.fake_engine import FakeEngine
 
 
 def request(rid: str, max_tokens: int = 12, **params) -> Request:

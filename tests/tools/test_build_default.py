@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from engine.tools import build_default
 from engine.tools.training import ROLE_TOKENS, SPECIAL_TOKENS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PAIR = REPO / "models" / "default"
 
 

@@ -8,10 +8,10 @@ import json
 
 import pytest
 from safetensors import safe_open
-from tiny_models import make_tiny_pair
 
 from engine.model import gptq
 from server.__main__ import main
+from tests.helpers.tiny_models import make_tiny_pair
 
 TINY = ["--layers", "2", "--hidden", "64", "--mlp", "256", "--group-size", "32", "--passes", "1", "--rounds", "1"]
 

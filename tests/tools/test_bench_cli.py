@@ -8,9 +8,9 @@ import json
 
 import pytest
 from safetensors.torch import load_file, save_file
-from tiny_models import make_tiny_pair
 
 from server.__main__ import main
+from tests.helpers.tiny_models import make_tiny_pair
 
 pytestmark = pytest.mark.slow
 

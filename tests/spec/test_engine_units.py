@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from bigram import bigram_tree
 
 from engine.config import SpeculationConfig
 from engine.model.kv_cache import KVCache
@@ -15,6 +14,7 @@ from engine.spec.sampling import process_logits
 from engine.spec.tree import Tree, append_nodes, causal_mask, path_token_counts, prefix_tree_mask
 from engine.spec.verify import verify_tree
 from engine.types import SamplingParams
+from tests.helpers.bigram import bigram_tree
 
 VOCAB = 5
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import make_tiny_pair
 from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig, ModelConfig, SpeculationConfig
 from engine.runtime import Engine
 from engine.types import Request, SamplingParams
+from tests.helpers.tiny_models import make_tiny_pair
 
 NUM_PROMPTS = 20
 NEW_TOKENS = 64

@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 
-from tiny_models import build_tokenizer
-
 from engine.types import (
     ContextLengthError,
     FinishReason,
@@ -22,6 +20,7 @@ from engine.types import (
     StepStats,
     TokenDelta,
 )
+from tests.helpers.tiny_models import build_tokenizer
 
 SCRIPT = "Hello, world! Ünïcödé ✓ 日本語 🙂 The quick brown fox jumps over the lazy dog. "
 

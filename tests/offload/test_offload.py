@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from offload_passes import CPU, assert_same_logits, reference_greedy, run_passes, streamed_runner
 from safetensors.torch import save_file
-from tiny_models import build_model, make_tiny_pair
 from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
@@ -27,6 +25,14 @@ from engine.offload.ram_store import RamStore
 from engine.offload.ring import LayerStreamer
 from engine.runtime import Engine
 from engine.types import ConfigError, OffloadError, SamplingParams
+from tests.helpers.offload_passes import (
+    CPU,
+    assert_same_logits,
+    reference_greedy,
+    run_passes,
+    streamed_runner,
+)
+from tests.helpers.tiny_models import build_model, make_tiny_pair
 
 ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
 NUM_LAYERS = 4

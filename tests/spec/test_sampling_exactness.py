@@ -16,7 +16,6 @@ import math
 
 import pytest
 import torch
-from bigram import bigram_sampled_tree, bigram_tree
 from scipy.stats import chisquare
 
 import engine.spec.sampling as sampling
@@ -26,6 +25,7 @@ from engine.spec.sampling import make_generator
 from engine.spec.step import verify_step
 from engine.spec.tree import Tree
 from engine.types import SamplingParams
+from tests.helpers.bigram import bigram_sampled_tree, bigram_tree
 
 VOCAB = 6
 ROOT = 0  # last prompt token

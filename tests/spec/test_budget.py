@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from tiny_models import make_tiny_pair
 
 from engine.spec.budget import (
     BudgetTracker,
@@ -19,6 +18,7 @@ from engine.spec.budget import (
     interpolate,
     node_indicator,
 )
+from tests.helpers.tiny_models import make_tiny_pair
 
 GRID = [16, 32, 64, 128, 256, 512, 1024]
 

@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
-from tiny_models import build_model, build_tokenizer, save_checkpoint
 
 from engine.model import checkpoint
 from engine.spec.tree import causal_mask
 from engine.tools.pad_target import DONE_FILE, pad_checkpoint, plan_padding
 from server.__main__ import main
+from tests.helpers.tiny_models import build_model, build_tokenizer, save_checkpoint
 
 
 def test_plan_reaches_size_with_wide_layers():
