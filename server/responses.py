@@ -1,6 +1,6 @@
 """OpenAI response and stream-chunk shapes (chat.completion, text_completion and their chunks).
 
-Plain dicts, built exactly as ../shared/api.md spells them: keys that must be present with
+Plain dicts, built exactly as docs/api.md spells them: keys that must be present with
 `null` are present, keys that must be absent (`usage` on ordinary chunks) are absent.
 """
 

@@ -1,6 +1,6 @@
 """Server-sent events (sse-starlette): deltas -> OpenAI chunks, usage chunk, [DONE], pings.
 
-Stream invariants (../shared/api.md): one id/created/model throughout; for chat, the role
+Stream invariants (docs/api.md): one id/created/model throughout; for chat, the role
 chunk first; content chunks carry only `delta.content`; the last choice chunk has
 `delta: {}` and the `finish_reason` (plus our `timings`); with `include_usage`, exactly one
 `{"choices": [], "usage": ...}` chunk before `data: [DONE]`. Errors after the first byte

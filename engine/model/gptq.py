@@ -1,9 +1,8 @@
 """Quantized checkpoints (GPTQ): detection, the optional `gptq` extra, loading, streamable kernels.
 
 A checkpoint is quantized when its config.json has a `quantization_config`. GPTQ checkpoints load
-through transformers + optimum + gptqmodel (`pip install 'specexec-server[gptq]'`). auto-gptq is
-not used even where installed: transformers 5's GPTQ quantizer requires gptqmodel and has no
-auto-gptq path left, and auto-gptq 0.7.1 itself no longer imports against transformers 5.
+through transformers + optimum + gptqmodel (`pip install 'specexec-server[gptq]'`); auto-gptq is
+never used (docs/design.md, "Quantized targets").
 
 Loading selects gptqmodel's plain torch kernel (TorchLinear): its packed tensors (qweight, qzeros,
 scales, g_idx, bias) are registered buffers, and it dequantises inside forward, one projection at
@@ -20,8 +19,7 @@ addition to redo on each read (qzeros are 1/group_size of qweight, ~3 MB per Lla
 
 `make_streamable` removes the torch kernel's per-module state that would outlive a call:
 decoded-zeros and g_idx caches (derived tensors that would stay on the device for every streamed
-layer), the g_idx move to the host, and the per-module torch.compile of the dequantiser (on CPU
-its first pass took ~10 s for two layers and later passes were no faster than eager).
+layer), the g_idx move to the host, and the per-module torch.compile of the dequantiser.
 """
 
 from __future__ import annotations
