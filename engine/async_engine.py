@@ -10,8 +10,9 @@ request it sets a flag the engine reads between steps, so the request ends withi
 engine step and its state is freed. `abort_lag_steps` of the final report counts the
 engine steps finished after the abort call (at most 1: the step that was in flight).
 
-Faults: an `EngineFault` (device-level) marks the loop unhealthy and fails every request;
-any other exception fails its own request only and the loop goes on.
+Faults: an `EngineFault` (device-level: the engine maps CUDA runtime errors to it) marks the
+loop unhealthy and fails every request; any other exception fails its own request only and the
+loop goes on, `OutOfMemory` included (the engine freed that request's memory).
 """
 
 from __future__ import annotations
@@ -21,20 +22,24 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from engine.types import EngineFault, EngineUnavailable, FinishReason, QueueFull, Request, TokenDelta
+from engine.types import (
+    EngineFault,
+    EngineUnavailable,
+    FinishReason,
+    GenerationEngine,
+    QueueFull,
+    Request,
+    TokenDelta,
+)
 
 log = logging.getLogger("specexec.loop")
 
 SCHEDULING_POLICY = "fifo"
 MAX_RUNNING = 1
-
-
-class GeneratingEngine(Protocol):
-    def generate(self, request: Request, should_abort: Callable[[], bool] | None = None) -> Iterator[TokenDelta]: ...
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ class AsyncEngine:
 
     def __init__(
         self,
-        engine: GeneratingEngine,
+        engine: GenerationEngine,
         max_queue: int,
         on_delta: Callable[[TokenDelta], None] | None = None,
         on_finish: Callable[[JobReport], None] | None = None,

@@ -1,15 +1,17 @@
-"""The FastAPI app: OpenAI-compatible routes over the engine loop.
+"""The FastAPI app: OpenAI-compatible routes over an AsyncEngine.
 
 build_app(engine_config, server_config, engine=None): with `engine=None` the lifespan loads
 the engine in a thread, so /health answers 503 until it is ready; the lifespan starts and
-stops the engine loop. Routes under /v1 need the API key when one is configured.
+stops the AsyncEngine. Routes under /v1 need the API key when one is configured.
+A generation request: parse (server/protocol.py) -> prompt ids and max tokens
+(server/prompt.py) -> `to_sampling_params` -> `Generation`, streamed (server/sse.py) or
+collected (server/generation.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -20,36 +22,23 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from engine.config import EngineConfig
+from engine.types import GenerationEngine
 from engine.types import Request as EngineRequest
-from engine.types import SamplingParams
 from server.config import ServerConfig
 from server.detok import TextStream
-from server.errors import APIError, authentication_error, generation_error, install_error_handlers
-from server.generation import Generation
+from server.errors import APIError, authentication_error, install_error_handlers
+from server.generation import Generation, collect_response
 from server.metrics import CONTENT_TYPE
-from server.prompt import PromptBuilder
-from server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    SamplingRequest,
-    max_tokens_of,
-    parse_request,
-    stop_strings,
-)
+from server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from server.responses import Envelope
 from server.sse import stream_response
 from server.state import EngineLoader, ServerState, default_loader
-
-log = logging.getLogger("specexec.server")
-
-DISCONNECT_POLL_SECONDS = 0.25
-SEED_MODULUS = 2**63
 
 
 def build_app(
     engine_config: EngineConfig,
     server_config: ServerConfig,
-    engine: Any = None,
+    engine: GenerationEngine | None = None,
     *,
     loader: EngineLoader = default_loader,
     on_fatal: Callable[[BaseException], None] | None = None,
@@ -160,72 +149,14 @@ async def _serve(request: Request, chat: bool) -> Response:
 
 
 async def _generate(request: Request, state: ServerState, chat: bool, endpoint: str) -> Response:
-    req: SamplingRequest = parse_request(await request.body(), ChatCompletionRequest if chat else CompletionRequest)
-    loop, prompt = state.require_ready()
+    req = parse_request(await request.body(), ChatCompletionRequest if chat else CompletionRequest)
+    async_engine, prompt = state.require_ready()
     state.check_model(req.model)
-    if isinstance(req, ChatCompletionRequest):
-        prompt_ids, param = prompt.chat_ids(req.messages), "messages"
-    else:
-        assert isinstance(req, CompletionRequest)
-        prompt_ids, param = prompt.completion_ids(req), "prompt"
-    max_tokens = prompt.max_tokens(len(prompt_ids), max_tokens_of(req), param)
-    params = sampling_params(req, max_tokens, prompt)
+    prompt_ids = prompt.prompt_ids(req)
+    params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
     env = Envelope(chat, state.model_name, state.fingerprint)
-    text = TextStream(prompt.tokenizer, stop_strings(req))
-    gen = Generation(loop, EngineRequest(env.id, prompt_ids, params), text, state.metrics, endpoint)
+    text = TextStream(prompt.tokenizer, req.stop_strings())
+    gen = Generation(async_engine, EngineRequest(env.id, prompt_ids, params), text, state.metrics, endpoint)
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return stream_response(gen, env, loop, include_usage, state.server_config.ping_seconds)
-    return await _collect(request, gen, env)
-
-
-def sampling_params(req: SamplingRequest, max_tokens: int, prompt: PromptBuilder) -> SamplingParams:
-    top_p = 1.0 if req.top_p is None else req.top_p
-    top_k = 0 if req.top_k in (None, -1) else req.top_k
-    if top_p == 0.0:  # the limit of top_p -> 0: only the most likely token
-        top_p, top_k = 1.0, 1
-    stop_token_ids = tuple(req.stop_token_ids or ())
-    prompt.check_token_ids(list(stop_token_ids), "stop_token_ids")
-    return SamplingParams(
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=req.min_p or 0.0,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        logit_bias=prompt.logit_bias(req.logit_bias),
-        seed=None if req.seed is None else req.seed % SEED_MODULUS,
-        max_tokens=max_tokens,
-        stop_token_ids=stop_token_ids,
-        ignore_eos=bool(req.ignore_eos),
-    )
-
-
-async def _collect(request: Request, gen: Generation, env: Envelope) -> Response:
-    """Non-streaming: gather the text; a client that goes away aborts the engine request."""
-    parts: list[str] = []
-
-    async def run() -> None:
-        async for piece in gen.pieces():
-            parts.append(piece)
-
-    task = asyncio.ensure_future(run())
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
-                return Response(status_code=499)
-        task.result()
-    except Exception as exc:
-        error = generation_error(exc)
-        if error.status == 500:
-            log.exception("request %s failed", gen.request_id)
-        raise error from None
-    finally:
-        if not task.done():
-            task.cancel()
-    assert gen.finish_reason is not None
-    body = env.completion("".join(parts), gen.finish_reason, gen.usage(), gen.timings())
-    return JSONResponse(body, headers={"x-request-id": env.id})
+        return stream_response(gen, env, async_engine, req.include_usage, state.server_config.ping_seconds)
+    return await collect_response(request, gen, env)

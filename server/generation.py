@@ -1,23 +1,31 @@
-"""One request through the engine loop: token deltas -> safe text pieces, finish reason, usage, timings.
+"""One request through the AsyncEngine: token deltas -> safe text pieces, finish reason, usage, timings.
 
-Shared by streaming and non-streaming responses, so both produce the same text. A stop
-string ends the text at once; the engine request is then aborted and drained (at most one
-more step) so its totals are known and its state is freed before the next request.
+`Generation` is shared by streaming (server/sse.py) and non-streaming (`collect_response`)
+responses, so both produce the same text. A stop string ends the text at once; the engine
+request is then aborted and drained (at most one more step) so its totals are known and its
+state is freed before the next request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+
 from engine.async_engine import AsyncEngine
 from engine.types import EngineUnavailable, FinishReason, GenerationStats, QueueFull, Request
 from server.detok import TextStream
-from server.errors import engine_down, queue_full
+from server.errors import engine_down, generation_error, queue_full
 from server.metrics import Metrics
+from server.responses import Envelope
 
 log = logging.getLogger("specexec.server")
+
+DISCONNECT_POLL_SECONDS = 0.25
 
 
 class GenerationFailed(RuntimeError):
@@ -25,16 +33,17 @@ class GenerationFailed(RuntimeError):
 
 
 class Generation:
-    def __init__(self, loop: AsyncEngine, request: Request, text: TextStream, metrics: Metrics, endpoint: str):
+    def __init__(self, async_engine: AsyncEngine, request: Request, text: TextStream, metrics: Metrics,
+                 endpoint: str):
         self.request = request
         self.text = text
         self.metrics = metrics
         self.endpoint = endpoint
         self.finish_reason: str | None = None
         self.totals: GenerationStats | None = None
-        self._loop = loop
+        self._async_engine = async_engine
         try:
-            self._stream = loop.submit(request)  # raises before any byte is sent
+            self._stream = async_engine.submit(request)  # raises before any byte is sent
         except QueueFull as exc:
             raise queue_full(exc.retry_after) from None
         except EngineUnavailable as exc:
@@ -71,7 +80,7 @@ class Generation:
             was_stopped = self.text.stopped
             piece = self.text.feed(delta.token_ids)
             if self.text.stopped and not was_stopped:
-                self._loop.abort(self.request_id)  # then drain: the final delta comes within one step
+                self._async_engine.abort(self.request_id)  # then drain: the final delta comes within one step
             if piece:
                 yield piece
             if delta.finish_reason is not None:
@@ -98,7 +107,7 @@ class Generation:
         if self.finish_reason is not None:
             return
         self.finish_reason = reason
-        self._loop.abort(self.request_id)  # no-op when the engine already finished it
+        self._async_engine.abort(self.request_id)  # no-op when the engine already finished it
         self.metrics.generation_tokens.inc(self.completion_tokens)
         self.metrics.requests.labels(self.endpoint, reason).inc()
 
@@ -111,6 +120,35 @@ class Generation:
 
     def timings(self) -> dict[str, Any]:
         return timings(self.totals, self.prompt_tokens, self.completion_tokens)
+
+
+async def collect_response(request: HTTPRequest, gen: Generation, env: Envelope) -> Response:
+    """Non-streaming: gather the text; a client that goes away aborts the engine request."""
+    parts: list[str] = []
+
+    async def run() -> None:
+        async for piece in gen.pieces():
+            parts.append(piece)
+
+    task = asyncio.ensure_future(run())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                return Response(status_code=499)
+        task.result()
+    except Exception as exc:
+        error = generation_error(exc)
+        if error.status == 500:
+            log.exception("request %s failed", gen.request_id)
+        raise error from None
+    finally:
+        if not task.done():
+            task.cancel()
+    assert gen.finish_reason is not None
+    body = env.completion("".join(parts), gen.finish_reason, gen.usage(), gen.timings())
+    return JSONResponse(body, headers={"x-request-id": env.id})
 
 
 def timings(totals: GenerationStats | None, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

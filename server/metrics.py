@@ -1,19 +1,18 @@
 """Prometheus metrics (prometheus-client), one CollectorRegistry per app.
 
 Engine-side numbers (target passes, tokens accepted per pass, step times, aborts) are
-recorded through `observe_delta` (engine loop's worker thread) and `observe_finish` (the worker
-thread, or the event loop when a waiting request is aborted or the loop stops);
-request and token counts are recorded by the HTTP handlers.
+recorded through `observe_delta` (the AsyncEngine's worker thread) and `observe_finish` (the
+worker thread, or the event loop when a waiting request is aborted or the AsyncEngine stops);
+queue gauges read the AsyncEngine at scrape time (`bind_async_engine`); request and token
+counts are recorded by the HTTP handlers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from engine.async_engine import MAX_RUNNING, SCHEDULING_POLICY, JobReport
+from engine.async_engine import MAX_RUNNING, SCHEDULING_POLICY, AsyncEngine, JobReport
 from engine.types import TokenDelta
 
 PREFIX = "specexec"
@@ -62,12 +61,11 @@ class Metrics:
         self.engine_requests = Counter(f"{PREFIX}_engine_requests", "Requests that left the engine loop",
                                        ["finish_reason"], registry=r)
 
-    def bind_loop(self, queue_depth: Callable[[], int], running: Callable[[], int], capacity: int,
-                  healthy: Callable[[], bool]) -> None:
-        self.queue_depth.set_function(lambda: float(queue_depth()))
-        self.running.set_function(lambda: float(running()))
-        self.queue_capacity.set(capacity)
-        self.healthy.set_function(lambda: 1.0 if healthy() else 0.0)
+    def bind_async_engine(self, async_engine: AsyncEngine) -> None:
+        self.queue_depth.set_function(lambda: float(async_engine.queue_depth))
+        self.running.set_function(lambda: float(async_engine.num_running))
+        self.queue_capacity.set(async_engine.max_queue)
+        self.healthy.set_function(lambda: 1.0 if async_engine.healthy else 0.0)
 
     def observe_delta(self, delta: TokenDelta) -> None:
         stats = delta.stats

@@ -10,7 +10,14 @@ import jinja2
 
 from engine.types import ContextLengthError
 from server.errors import context_length_error, invalid_request
-from server.protocol import ChatMessage, CompletionRequest, message_text
+from server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingRequest,
+    check_token_ids,
+    message_text,
+)
 
 log = logging.getLogger("specexec.server")
 
@@ -51,6 +58,12 @@ class PromptBuilder:
         except jinja2.TemplateError as exc:
             raise invalid_request(f"The chat template rejected the messages: {exc}", "messages") from None
 
+    def prompt_ids(self, request: SamplingRequest) -> list[int]:
+        if isinstance(request, ChatCompletionRequest):
+            return self.chat_ids(request.messages)
+        assert isinstance(request, CompletionRequest)
+        return self.completion_ids(request)
+
     def chat_ids(self, messages: list[ChatMessage]) -> list[int]:
         text = self.render_chat(messages)
         # the template spells out special tokens (BOS etc.) itself
@@ -62,31 +75,12 @@ class PromptBuilder:
             value = value[0]
         if isinstance(value, str):
             return list(self.tokenizer.encode(value, add_special_tokens=True))
-        self.check_token_ids(value, "prompt")
+        check_token_ids(value, self.vocab_size, "prompt")
         return list(value)
 
-    def check_token_ids(self, token_ids: list[int], param: str) -> None:
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise invalid_request(f"Token id {bad[0]} is out of range [0, {self.vocab_size}).", param)
-
-    def logit_bias(self, bias: dict[str, float] | None) -> dict[int, float]:
-        if not bias:
-            return {}
-        out: dict[int, float] = {}
-        for key, value in bias.items():
-            try:
-                token_id = int(key)
-            except ValueError:
-                raise invalid_request(f"logit_bias keys must be token ids, got {key!r}.", "logit_bias") from None
-            self.check_token_ids([token_id], "logit_bias")
-            if not -100 <= value <= 100:
-                raise invalid_request(f"logit_bias values must be in [-100, 100], got {value}.", "logit_bias")
-            out[token_id] = float(value)
-        return out
-
-    def max_tokens(self, prompt_len: int, requested: int | None, param: str) -> int:
+    def max_tokens(self, request: SamplingRequest, prompt_len: int) -> int:
         """The completion budget; a ContextLengthError becomes a 400 context_length_exceeded."""
+        requested, param = request.requested_max_tokens(), request.prompt_param
         if prompt_len == 0:
             raise invalid_request("The prompt is empty after tokenization.", param)
         if requested is None:  # the default, cut to the room left (at least 1, so a full prompt is refused)

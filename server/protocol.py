@@ -1,4 +1,5 @@
-"""Pydantic models of the OpenAI request shapes, and the checks that go beyond types.
+"""Pydantic models of the OpenAI request shapes, the checks that go beyond types, and the
+request -> `SamplingParams` conversion (`to_sampling_params`).
 
 Requests are validated strictly (a string is not a number, a float is not an integer);
 unknown fields are ignored. A supported-but-unimplemented option with a value that matters
@@ -8,13 +9,17 @@ unknown fields are ignored. A supported-but-unimplemented option with a value th
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine.types import SamplingParams
 from server.errors import APIError, invalid_request, unsupported
 
 MAX_STOP_STRINGS = 32
+MAX_LOGIT_BIAS = 100  # |bias| bound, as OpenAI
+SEED_MODULUS = 2**63  # seeds are reduced into the engine's non-negative int64 range
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -61,6 +66,58 @@ class SamplingRequest(_Model):
     ignore_eos: bool | None = False
     stop_token_ids: list[int] | None = None
 
+    prompt_param: ClassVar[str]  # the field that holds the prompt, named by prompt errors
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def to_sampling_params(self, max_tokens: int, vocab_size: int) -> SamplingParams:
+        """The engine's parameters; `max_tokens` is already resolved against the context, token ids
+        are checked against `vocab_size` (a 400 naming the field)."""
+        top_p = 1.0 if self.top_p is None else self.top_p
+        top_k = 0 if self.top_k in (None, -1) else self.top_k
+        if top_p == 0.0:  # the limit of top_p -> 0: only the most likely token
+            top_p, top_k = 1.0, 1
+        stop_token_ids = tuple(self.stop_token_ids or ())
+        check_token_ids(stop_token_ids, vocab_size, "stop_token_ids")
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=self.min_p or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=self._token_logit_bias(vocab_size),
+            seed=None if self.seed is None else self.seed % SEED_MODULUS,
+            max_tokens=max_tokens,
+            stop_token_ids=stop_token_ids,
+            ignore_eos=bool(self.ignore_eos),
+        )
+
+    def _token_logit_bias(self, vocab_size: int) -> dict[int, float]:
+        """{"token id": bias} -> {token_id: bias}, every key a token id and every bias in range."""
+        out: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                token_id = int(key)
+            except ValueError:
+                raise invalid_request(f"logit_bias keys must be token ids, got {key!r}.", "logit_bias") from None
+            check_token_ids([token_id], vocab_size, "logit_bias")
+            if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise invalid_request(f"logit_bias values must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {value}.", "logit_bias")
+            out[token_id] = float(value)
+        return out
+
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -72,6 +129,11 @@ class ChatCompletionRequest(SamplingRequest):
     functions: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
 
+    prompt_param: ClassVar[str] = "messages"
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
+
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
@@ -79,6 +141,8 @@ class CompletionRequest(SamplingRequest):
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
     logprobs: int | None = Field(None, ge=0, le=5)
+
+    prompt_param: ClassVar[str] = "prompt"
 
 
 _FIELD_NAMES = {
@@ -131,7 +195,7 @@ def check_supported(request: SamplingRequest) -> None:
     if request.stream_options is not None and not request.stream:
         raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                               "stream_options")
-    stops = stop_strings(request)
+    stops = request.stop_strings()
     if len(stops) > MAX_STOP_STRINGS:
         raise invalid_request(f"At most {MAX_STOP_STRINGS} stop sequences are supported.", "stop")
     if any(s == "" for s in stops):
@@ -175,16 +239,10 @@ def _check_completion(request: CompletionRequest) -> None:
         raise invalid_request("The prompt must not be empty.", "prompt")
 
 
-def stop_strings(request: SamplingRequest) -> list[str]:
-    if request.stop is None:
-        return []
-    return [request.stop] if isinstance(request.stop, str) else list(request.stop)
-
-
-def max_tokens_of(request: SamplingRequest) -> int | None:
-    if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
-        return request.max_completion_tokens
-    return request.max_tokens
+def check_token_ids(token_ids: Sequence[int], vocab_size: int, param: str) -> None:
+    bad = [t for t in token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise invalid_request(f"Token id {bad[0]} is out of range [0, {vocab_size}).", param)
 
 
 def message_text(message: ChatMessage) -> str:

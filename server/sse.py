@@ -55,10 +55,10 @@ async def chunk_events(gen: Generation, env: Envelope, include_usage: bool) -> A
     yield "[DONE]"
 
 
-def stream_response(gen: Generation, env: Envelope, loop: AsyncEngine, include_usage: bool,
+def stream_response(gen: Generation, env: Envelope, async_engine: AsyncEngine, include_usage: bool,
                     ping_seconds: float) -> EventSourceResponse:
     async def on_close(message: Message) -> None:
-        loop.abort(gen.request_id)
+        async_engine.abort(gen.request_id)
 
     return EventSourceResponse(
         chunk_events(gen, env, include_usage),

@@ -1,14 +1,14 @@
-"""What the app holds while it runs: the engine (loaded in a thread), its loop, prompts, metrics."""
+"""What the app holds while it runs: the engine (loaded in a thread), its AsyncEngine, prompts, metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
+from engine.types import GenerationEngine
 from server.config import ServerConfig
 from server.errors import engine_down, loading, model_not_found
 from server.metrics import Metrics
@@ -16,10 +16,10 @@ from server.prompt import PromptBuilder
 
 log = logging.getLogger("specexec.server")
 
-EngineLoader = Callable[[EngineConfig], Any]
+EngineLoader = Callable[[EngineConfig], GenerationEngine]
 
 
-def default_loader(config: EngineConfig) -> Any:
+def default_loader(config: EngineConfig) -> GenerationEngine:
     from engine.runtime import Engine
 
     return Engine.load(config)
@@ -31,8 +31,8 @@ class ServerState:
         self.engine_config = engine_config
         self.server_config = server_config
         self.metrics = Metrics()
-        self.engine: Any = None
-        self.loop: AsyncEngine | None = None
+        self.engine: GenerationEngine | None = None
+        self.async_engine: AsyncEngine | None = None
         self.prompt: PromptBuilder | None = None
         self.load_error: BaseException | None = None
         self._on_fatal = on_fatal
@@ -48,25 +48,25 @@ class ServerState:
 
     @property
     def ready(self) -> bool:
-        return self.loop is not None and self.loop.healthy
+        return self.async_engine is not None and self.async_engine.healthy
 
     def status(self) -> tuple[int, dict[str, str]]:
         if self.ready:
             return 200, {"status": "ok"}
         if self.load_error is not None:
             return 503, {"status": "error", "error": f"{type(self.load_error).__name__}: {self.load_error}"}
-        if self.loop is not None and self.loop.fault is not None:
-            return 503, {"status": "error", "error": f"engine fault: {self.loop.fault}"}
+        if self.async_engine is not None and self.async_engine.fault is not None:
+            return 503, {"status": "error", "error": f"engine fault: {self.async_engine.fault}"}
         return 503, {"status": "loading"}
 
     def require_ready(self) -> tuple[AsyncEngine, PromptBuilder]:
-        if self.loop is None or self.prompt is None:
+        if self.async_engine is None or self.prompt is None:
             if self.load_error is not None:
                 raise engine_down(f"loading failed: {self.load_error}")
             raise loading()
-        if not self.loop.healthy:
-            raise engine_down(str(self.loop.fault or "the engine loop stopped"))
-        return self.loop, self.prompt
+        if not self.async_engine.healthy:
+            raise engine_down(str(self.async_engine.fault or "the engine loop stopped"))
+        return self.async_engine, self.prompt
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -83,7 +83,7 @@ class ServerState:
             if self._on_fatal is not None:
                 self._on_fatal(exc)
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: GenerationEngine) -> None:
         self.prompt = PromptBuilder(
             engine.tokenizer,
             max_context=engine.max_context,
@@ -92,16 +92,15 @@ class ServerState:
             chat_template=self._chat_template,
         )
         max_queue = self.engine_config.limits.max_queue
-        loop = AsyncEngine(engine, max_queue, on_delta=self.metrics.observe_delta,
-                          on_finish=self.metrics.observe_finish)
-        self.metrics.bind_loop(lambda: loop.queue_depth, lambda: loop.num_running, max_queue,
-                               lambda: loop.healthy)
-        loop.start()
+        async_engine = AsyncEngine(engine, max_queue, on_delta=self.metrics.observe_delta,
+                                   on_finish=self.metrics.observe_finish)
+        self.metrics.bind_async_engine(async_engine)
+        async_engine.start()
         self.engine = engine
-        self.loop = loop
+        self.async_engine = async_engine
         log.info("serving model %r (max context %d, queue bound %d)", self.model_name, engine.max_context,
                  max_queue)
 
     def shutdown(self) -> None:
-        if self.loop is not None:
-            self.loop.stop()
+        if self.async_engine is not None:
+            self.async_engine.stop()

@@ -103,3 +103,32 @@ def test_error_param_drops_union_tags() -> None:
     assert error_param(("messages", 0, "role")) == "messages[0].role"
     assert error_param(("stop", "list[str]", 0)) == "stop[0]"
     assert error_param(("temperature",)) == "temperature"
+
+
+def test_to_sampling_params_maps_openai_fields_to_the_engine() -> None:
+    req = parse_request(chat(temperature=0.5, top_p=0.0, top_k=-1, seed=-1, stop="x", max_completion_tokens=7,
+                             max_tokens=99, logit_bias={"3": -100, "4": 2.5}, stop_token_ids=[5]),
+                        ChatCompletionRequest)
+    assert req.requested_max_tokens() == 7 and req.stop_strings() == ["x"]
+    params = req.to_sampling_params(max_tokens=7, vocab_size=10)
+    assert (params.temperature, params.top_p, params.top_k) == (0.5, 1.0, 1)  # top_p 0: the most likely token
+    assert params.seed == 2**63 - 1 and params.max_tokens == 7
+    assert params.logit_bias == {3: -100.0, 4: 2.5} and params.stop_token_ids == (5,)
+    defaults = parse_request(completion(), CompletionRequest).to_sampling_params(max_tokens=16, vocab_size=10)
+    assert (defaults.temperature, defaults.top_p, defaults.top_k, defaults.seed) == (1.0, 1.0, 0, None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"10": 1}}, "logit_bias"),
+        ({"logit_bias": {"3": 101}}, "logit_bias"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ],
+)
+def test_to_sampling_params_checks_token_ids_against_the_vocab(fields: dict, param: str) -> None:
+    req = parse_request(chat(**fields), ChatCompletionRequest)
+    with pytest.raises(APIError) as info:
+        req.to_sampling_params(max_tokens=4, vocab_size=10)
+    assert info.value.status == 400 and info.value.param == param

@@ -1,4 +1,5 @@
-"""A FakeEngine with the real Engine's interface: a deterministic token stream, no model.
+"""A FakeEngine implementing the server's contract (`GenerationEngine`): a deterministic token stream,
+no model.
 
 It cycles through the token ids of `script` (multi-byte characters split across tokens),
 `tokens_per_step` ids per step, honours max_tokens, EOS/stop token ids, should_abort, and
@@ -15,6 +16,7 @@ from functools import lru_cache
 from engine.types import (
     ContextLengthError,
     FinishReason,
+    GenerationEngine,
     GenerationStats,
     Request,
     StepStats,
@@ -30,7 +32,7 @@ def tiny_tokenizer():
     return build_tokenizer()
 
 
-class FakeEngine:
+class FakeEngine(GenerationEngine):
     def __init__(
         self,
         *,

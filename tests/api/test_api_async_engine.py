@@ -1,4 +1,5 @@
-"""engine/loop.py over a FakeEngine: FIFO, bounded queue, abort within one step, fault isolation."""
+"""AsyncEngine (engine/async_engine.py) over a FakeEngine: FIFO, bounded queue, abort within one step,
+fault isolation."""
 
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ async def collect(stream) -> list[TokenDelta]:
     return [delta async for delta in stream]
 
 
-def make_loop(engine: FakeEngine, max_queue: int = 4) -> tuple[AsyncEngine, list[JobReport]]:
+def make_async_engine(engine: FakeEngine, max_queue: int = 4) -> tuple[AsyncEngine, list[JobReport]]:
     reports: list[JobReport] = []
-    loop = AsyncEngine(engine, max_queue, on_finish=reports.append)
-    loop.start()
-    return loop, reports
+    async_engine = AsyncEngine(engine, max_queue, on_finish=reports.append)
+    async_engine.start()
+    return async_engine, reports
 
 
 async def wait_for(predicate, timeout: float = 10.0) -> None:
@@ -56,7 +57,7 @@ def test_submit_streams_deltas_and_keeps_the_event_loop_responsive() -> None:
 
     async def main() -> None:
         engine = FakeEngine(before_step=wait_for_the_event_loop)
-        loop, reports = make_loop(engine)
+        async_engine, reports = make_async_engine(engine)
 
         async def opener() -> None:
             while True:
@@ -64,14 +65,14 @@ def test_submit_streams_deltas_and_keeps_the_event_loop_responsive() -> None:
                 await asyncio.sleep(0.005)
 
         task = asyncio.create_task(opener())
-        deltas = await collect(loop.submit(request("a", max_tokens=12)))
+        deltas = await collect(async_engine.submit(request("a", max_tokens=12)))
         task.cancel()
         assert [len(d.token_ids) for d in deltas] == [3, 3, 3, 3]
         assert deltas[-1].finish_reason == FinishReason.LENGTH and deltas[-1].totals is not None
         assert released == [True] * 4
         await wait_for(lambda: len(reports) == 1)
         assert reports[0].num_steps == 4 and not reports[0].aborted
-        loop.stop()
+        async_engine.stop()
 
     asyncio.run(main())
 
@@ -79,17 +80,17 @@ def test_submit_streams_deltas_and_keeps_the_event_loop_responsive() -> None:
 def test_fifo_order_and_queue_bound() -> None:
     async def main() -> None:
         engine = FakeEngine(step_seconds=0.02)
-        loop, _ = make_loop(engine, max_queue=1)
-        first = loop.submit(request("first"))
-        second = loop.submit(request("second"))  # waits: 1 running + 1 waiting
+        async_engine, _ = make_async_engine(engine, max_queue=1)
+        first = async_engine.submit(request("first"))
+        second = async_engine.submit(request("second"))  # waits: 1 running + 1 waiting
         with pytest.raises(QueueFull) as info:
-            loop.submit(request("third"))
+            async_engine.submit(request("third"))
         assert info.value.retry_after >= 1
-        assert loop.queue_depth + loop.num_running == 2
+        assert async_engine.queue_depth + async_engine.num_running == 2
         await asyncio.gather(collect(first), collect(second))
         assert [r.request_id for r in engine.requests] == ["first", "second"]
-        assert loop.queue_depth == 0 and loop.num_running == 0
-        loop.stop()
+        assert async_engine.queue_depth == 0 and async_engine.num_running == 0
+        async_engine.stop()
 
     asyncio.run(main())
 
@@ -104,13 +105,13 @@ def test_a_finished_request_is_no_longer_running_when_its_last_delta_arrives() -
 
     async def main() -> None:
         engine = FakeEngine()
-        loop = AsyncEngine(engine, 4, on_delta=slow_hook)
-        loop.start()
+        async_engine = AsyncEngine(engine, 4, on_delta=slow_hook)
+        async_engine.start()
         for rid in ("a", "b"):
-            deltas = await collect(loop.submit(request(rid, max_tokens=3)))
+            deltas = await collect(async_engine.submit(request(rid, max_tokens=3)))
             assert deltas[-1].finish_reason == FinishReason.LENGTH
-            assert loop.num_running == 0 and loop.queue_depth == 0
-        loop.stop()
+            assert async_engine.num_running == 0 and async_engine.queue_depth == 0
+        async_engine.stop()
 
     asyncio.run(main())
 
@@ -118,12 +119,12 @@ def test_a_finished_request_is_no_longer_running_when_its_last_delta_arrives() -
 def test_abort_running_request_within_one_step_and_waiting_at_once() -> None:
     async def main() -> None:
         engine = FakeEngine(step_seconds=0.05)
-        loop, reports = make_loop(engine)
-        running = loop.submit(request("run", max_tokens=300))
-        waiting = loop.submit(request("wait"))
+        async_engine, reports = make_async_engine(engine)
+        running = async_engine.submit(request("run", max_tokens=300))
+        waiting = async_engine.submit(request("wait"))
         first = await running.__anext__()
         assert first.token_ids
-        assert loop.abort("wait") and loop.abort("run")
+        assert async_engine.abort("wait") and async_engine.abort("run")
         rest = await collect(running)
         assert rest[-1].finish_reason == FinishReason.ABORT
         assert (await collect(waiting))[-1].finish_reason == FinishReason.ABORT
@@ -132,10 +133,10 @@ def test_abort_running_request_within_one_step_and_waiting_at_once() -> None:
         assert by_id["run"].aborted and by_id["run"].abort_lag_steps is not None
         assert by_id["run"].abort_lag_steps <= 1
         assert by_id["wait"].abort_lag_steps == 0
-        assert not loop.abort("run")  # already gone
-        deltas = await collect(loop.submit(request("next")))  # the loop goes on
+        assert not async_engine.abort("run")  # already gone
+        deltas = await collect(async_engine.submit(request("next")))  # the AsyncEngine goes on
         assert deltas[-1].finish_reason == FinishReason.LENGTH
-        loop.stop()
+        async_engine.stop()
 
     asyncio.run(main())
 
@@ -143,13 +144,13 @@ def test_abort_running_request_within_one_step_and_waiting_at_once() -> None:
 def test_aclose_aborts() -> None:
     async def main() -> None:
         engine = FakeEngine(step_seconds=0.02)
-        loop, reports = make_loop(engine)
-        stream = loop.submit(request("r", max_tokens=300))
+        async_engine, reports = make_async_engine(engine)
+        stream = async_engine.submit(request("r", max_tokens=300))
         await stream.__anext__()
         await stream.aclose()
         await wait_for(lambda: len(reports) == 1)
-        assert reports[0].aborted and loop.num_running == 0
-        loop.stop()
+        assert reports[0].aborted and async_engine.num_running == 0
+        async_engine.stop()
 
     asyncio.run(main())
 
@@ -157,18 +158,18 @@ def test_aclose_aborts() -> None:
 def test_request_failure_is_isolated_and_fault_takes_engine_down() -> None:
     async def main() -> None:
         engine = FakeEngine(fail_with=ValueError("boom"))
-        loop, _ = make_loop(engine)
+        async_engine, _ = make_async_engine(engine)
         with pytest.raises(ValueError, match="boom"):
-            await collect(loop.submit(request("bad")))
+            await collect(async_engine.submit(request("bad")))
         engine.fail_with = None
-        assert (await collect(loop.submit(request("good"))))[-1].finish_reason == FinishReason.LENGTH
-        assert loop.healthy
+        assert (await collect(async_engine.submit(request("good"))))[-1].finish_reason == FinishReason.LENGTH
+        assert async_engine.healthy
         engine.fail_with = EngineFault("device lost")
         with pytest.raises(EngineFault):
-            await collect(loop.submit(request("fault")))
-        await wait_for(lambda: not loop.healthy)
+            await collect(async_engine.submit(request("fault")))
+        await wait_for(lambda: not async_engine.healthy)
         with pytest.raises(EngineUnavailable):
-            loop.submit(request("after"))
-        loop.stop()
+            async_engine.submit(request("after"))
+        async_engine.stop()
 
     asyncio.run(main())
