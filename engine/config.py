@@ -29,7 +29,7 @@ def require(cond: bool, field_name: str, message: str) -> None:
 class ModelConfig:
     target: str = ""
     draft: str = ""
-    dtype: str = "auto"  # auto: float32 on CPU, float16 on CUDA
+    dtype: str = "auto"  # auto: float32 on CPU; CUDA: a bf16 checkpoint's bfloat16 on sm80+, else float16
     device: str = "auto"  # auto: cuda if available else cpu
     name: str = ""  # model id served over HTTP; default: target folder name
 

@@ -24,10 +24,18 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.float16 if device.type == "cuda" else torch.float32
-    return DTYPES[dtype]
+def resolve_dtype(dtype: str, device: torch.device, config: dict) -> torch.dtype:
+    """The load dtype: as given, or for `auto` float32 off CUDA; on CUDA the checkpoint's own half
+    dtype (`config`: its config.json) where the GPU computes in it (bfloat16 needs compute capability
+    8.0+), else float16."""
+    if dtype != "auto":
+        return DTYPES[dtype]
+    if device.type != "cuda":
+        return torch.float32
+    stored = str(config.get("dtype") or config.get("torch_dtype") or "").removeprefix("torch.")
+    if stored == "bfloat16" and torch.cuda.get_device_capability(device) >= (8, 0):  # CUDA-only
+        return torch.bfloat16
+    return torch.float16
 
 
 def read_config(path: str) -> dict:

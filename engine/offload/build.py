@@ -15,7 +15,7 @@ from torch import nn
 from engine.config import EngineConfig, OffloadConfig
 from engine.model import gptq
 from engine.model.runner import DecoderRunner
-from engine.offload.device import empty_buffer
+from engine.offload.device import empty_buffer, padded_bytes, pin_host
 from engine.offload.disk_store import DiskStore
 from engine.offload.layout import LayerBinding, LayerLayout, constant_buffers, layer_tensors, layout_of, views
 from engine.offload.ram_store import RamStore, anonymous_bytes, host_memory_available
@@ -73,11 +73,13 @@ def check_host_memory(needed: int, reclaimed: int, what: str) -> None:
 def host_bytes_needed(
     layouts: dict[int, LayerLayout], cfg: OffloadConfig, device: torch.device
 ) -> tuple[int, str]:
-    """New host bytes the store and ring take, and a description of them."""
-    slot_bytes = max(layout.nbytes for layout in layouts.values())
-    store = sum(layout.nbytes for layout in layouts.values()) if cfg.source == "ram" else 0
+    """New host bytes the store and the ring (or its staging) allocate, each buffer padded as
+    `empty_buffer` pads it, and a description of them. `layouts`: the store's (a disk store lays
+    layers out as its files do)."""
+    slot_bytes = padded_bytes(max(layout.nbytes for layout in layouts.values()))
+    store = sum(padded_bytes(layout.nbytes) for layout in layouts.values()) if cfg.source == "ram" else 0
     host_ring = cfg.ring_size * slot_bytes if device.type == "cpu" or cfg.source == "disk" else 0
-    pinned = " pinned" if torch.cuda.is_available() else ""
+    pinned = " pinned" if pin_host() else ""
     return store + host_ring, f"the{pinned} layer store ({store:,}) and ring/staging buffers ({host_ring:,})"
 
 
@@ -101,10 +103,18 @@ def move_to_device(model: nn.Module, skip: list[nn.Module], device: torch.device
 
 
 def build_store(
-    config: EngineConfig, model: nn.Module, streamed: dict[int, nn.Module], layouts: dict[int, LayerLayout]
+    config: EngineConfig,
+    model: nn.Module,
+    streamed: dict[int, nn.Module],
+    layouts: dict[int, LayerLayout],
+    device: torch.device,
 ) -> RamStore | DiskStore:
+    """The host tier of the streamed layers, built once host memory for it and the ring is known to fit."""
     cfg = config.offload
+    held = anonymous_bytes([t for layer in streamed.values() for t in layer_tensors(layer).values()])
     if cfg.source == "ram":
+        needed, what = host_bytes_needed(layouts, cfg, device)
+        check_host_memory(needed, held, what)
         return RamStore(streamed, layouts)
     try:
         store = open_disk_store(config.model.target, model.config, streamed, layouts, cfg.evict_page_cache)
@@ -113,6 +123,8 @@ def build_store(
             f"offload source disk: cannot read layers from {config.model.target!r}: {exc}"
         ) from exc
     try:
+        needed, what = host_bytes_needed(store.layouts, cfg, device)
+        check_host_memory(needed, held, what)
         check_disk_layout(store, streamed)
     except BaseException:
         store.close()
@@ -161,9 +173,6 @@ def build_offloaded_runner(model: nn.Module, config: EngineConfig, device: torch
     if not streamed:
         return DecoderRunner(model.to(device))
     layouts = {idx: all_layouts[idx] for idx in streamed}
-    needed, what = host_bytes_needed(layouts, cfg, device)
-    held = anonymous_bytes([t for layer in streamed.values() for t in layer_tensors(layer).values()])
-    check_host_memory(needed, held, what)
-    store = build_store(config, model, streamed, layouts)
+    store = build_store(config, model, streamed, layouts, device)
     move_to_device(model, list(streamed.values()), device)
     return DecoderRunner(model, LayerStreamer(layers, store, device, cfg.ring_size))

@@ -7,7 +7,7 @@ import os
 import torch
 from torch import nn
 
-from engine.offload.device import empty_host
+from engine.offload.device import empty_host, unpin_host
 from engine.offload.layout import LayerBinding, LayerLayout, layer_tensors, views
 from engine.types import OffloadError
 
@@ -51,8 +51,8 @@ def anonymous_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 class RamStore:
-    """Each streamed layer in one contiguous host buffer (pinned with CUDA); at rest the module's
-    tensors are views into it (the separate host copies they had before are freed)."""
+    """Each streamed layer in one contiguous host buffer (page-locked with CUDA until `close`); at rest
+    the module's tensors are views into it (the separate host copies they had before are freed)."""
 
     source = "ram"
 
@@ -64,7 +64,7 @@ class RamStore:
             layout = layouts[idx]
             try:
                 buffer = empty_host(layout.nbytes)
-            except RuntimeError as exc:
+            except RuntimeError as exc:  # out of memory, or page-locking failed (OffloadError)
                 raise OffloadError(
                     f"cannot allocate {layout.nbytes:,} bytes of host memory for target layer {idx} "
                     f"({host_memory_available():,} available): {exc}"
@@ -77,4 +77,6 @@ class RamStore:
             self.rest[idx] = host_views
 
     def close(self) -> None:
-        return None
+        """Unpin the buffers (copies from them must have finished); they stay valid as plain memory."""
+        for buffer in self.buffers.values():
+            unpin_host(buffer)

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from engine.offload.device import CopyStreams, empty_buffer, empty_host
+from engine.offload.device import CopyStreams, empty_buffer, empty_host, unpin_host
 from engine.offload.disk_store import DiskStore
 from engine.offload.layout import LayerBinding, LayerLayout, views
 from engine.offload.ram_store import RamStore
@@ -106,9 +106,14 @@ class LayerStreamer:
             )
 
     def close(self) -> None:
+        """Stop the loader and unpin the host memory copies read from, once those copies finished."""
         self._closed = True
         self._halt()
+        for slot in range(self.ring_size):
+            self.copier.wait_copied(slot)
         self.store.close()
+        for buffer in self.staging or []:
+            unpin_host(buffer)
 
     def _emit(self, event: str, idx: int, slot: int) -> None:
         if self.on_event is not None:
