@@ -2,15 +2,25 @@
 
 Order (as in vLLM): logit_bias, repetition penalty, presence/frequency penalties, temperature,
 top_k, top_p, min_p. Penalties use the counts of generated tokens on each node's own path.
+
+A tree's logits are processed in blocks of rows (NodeLogits), so the transient memory of
+processing is bounded by the block size, not by the number of nodes: every step is row-wise.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from engine.spec.tree import Tree, path_token_counts
 from engine.types import SamplingParams
 
 NEG_INF = float("-inf")
+LOGITS_BLOCK_BYTES = 64 << 20  # one [rows, vocab] fp32 block of processing
+# Blocks alive at once while one block is processed: at most 7 of processing's own tensors (sort
+# indices count 2; tests/spec/test_bounded_processing.py), plus CUDA sort's index and radix buffers.
+LOGITS_WORKSPACE_BLOCKS = 12
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
@@ -68,10 +78,14 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     sorted_probs = sorted_logits.softmax(dim=-1)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [n, vocab] mass of strictly better tokens
+    del sorted_logits  # each [n, vocab] temporary is freed as soon as it is used
+    mass_before = sorted_probs.cumsum(dim=-1).sub_(sorted_probs)  # [n, vocab] mass of strictly better tokens
+    del sorted_probs
     remove_sorted = mass_before >= top_p
+    del mass_before
     remove_sorted[:, 0] = False
     remove = torch.zeros_like(remove_sorted).scatter_(1, order, remove_sorted)
+    del order, remove_sorted
     return logits.masked_fill(remove, NEG_INF)
 
 
@@ -91,8 +105,21 @@ def process_logits(
 ) -> torch.Tensor:
     """[n, vocab] raw logits -> processed logits (-inf where removed). Greedy skips the
     distribution-shaping steps: argmax of the result is the greedy token."""
-    logits = apply_logit_bias(logits.float(), params.logit_bias)
-    logits = apply_penalties(logits, params, output_counts, prompt_mask)
+    return shape_logits(penalise_logits(logits, params, output_counts, prompt_mask), params)
+
+
+def penalise_logits(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    output_counts: torch.Tensor | None,
+    prompt_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """logit_bias, then the penalties: [n, vocab] raw logits -> fp32 (possibly `logits` itself)."""
+    return apply_penalties(apply_logit_bias(logits.float(), params.logit_bias), params, output_counts, prompt_mask)
+
+
+def shape_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top_k, top_p, min_p on penalised [n, vocab] logits (greedy: unchanged)."""
     if params.greedy:
         return logits
     logits = logits / params.temperature
@@ -108,4 +135,44 @@ def sample_tokens(logits: torch.Tensor, greedy: bool, generator: torch.Generator
         return logits.argmax(dim=-1)
     probs = logits.softmax(dim=-1)
     noise = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / noise).argmax(dim=-1)
+    return probs.div_(noise).argmax(dim=-1)
+
+
+def block_rows(vocab_size: int, block_bytes: int | None = None) -> int:
+    """Rows per processing block: a [rows, vocab] fp32 block stays within block_bytes
+    (None: LOGITS_BLOCK_BYTES). Depends on nothing else, so seeded draws are reproducible."""
+    return max(1, (block_bytes or LOGITS_BLOCK_BYTES) // (vocab_size * 4))
+
+
+def logits_workspace_bytes(vocab_size: int, block_bytes: int | None = None) -> int:
+    """Device memory that processing a tree's logits needs beyond the raw logits themselves."""
+    return LOGITS_WORKSPACE_BLOCKS * block_rows(vocab_size, block_bytes) * vocab_size * 4
+
+
+@dataclass(frozen=True)
+class NodeLogits:
+    """A tree's processed logits, computed on demand from each node's own path: `nodes[a:b]` is
+    process_logits of rows a..b-1 ([b - a, vocab] fp32), equal to those rows of the whole matrix.
+    Nothing of size [n, vocab] is made besides `raw`."""
+
+    tree: Tree
+    raw: torch.Tensor  # [n, vocab] raw target logits
+    params: SamplingParams
+    output_counts: torch.Tensor  # [vocab] float, generated tokens before the root
+    prompt_mask: torch.Tensor | None  # [vocab] bool
+    include_root: bool  # the root is a generated token: penalties count it
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.raw.shape
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        penalised = penalise_logits(self.raw[rows], self.params, self.path_counts(rows), self.prompt_mask)
+        return shape_logits(penalised, self.params)  # the counts are freed before shaping
+
+    def path_counts(self, rows: slice) -> torch.Tensor | None:
+        """[num_rows, vocab] generated-token counts on each node's path, or None without penalties."""
+        if not self.params.uses_penalties:
+            return None
+        counts = path_token_counts(self.tree, self.raw.shape[1], self.include_root, rows)
+        return counts.add_(self.output_counts[None])
