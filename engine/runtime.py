@@ -4,12 +4,17 @@
     for delta in engine.generate(Request("r1", prompt_ids, SamplingParams(temperature=0))):
         ...
 
-One sequence runs at a time; its KV caches are preallocated for the context plus the largest tree.
+One sequence runs at a time; its KV caches are allocated at load for the context plus the largest
+tree, after a memory plan (engine.model.memory_plan) checked that they and a step's workspaces fit.
+A CUDA runtime error while generating raises EngineFault (the engine is down); running out of device
+memory fails that request alone with OutOfMemory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,21 +23,28 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from engine.config import EngineConfig, SpeculationConfig
-from engine.model import checkpoint
+from engine.model import checkpoint, faults, memory, memory_plan
+from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner
+from engine.offload.device import synchronize_stream
 from engine.spec.budget import BudgetTracker, calibration_budgets
 from engine.spec.draft import Drafter
-from engine.spec.sampling import make_generator
-from engine.spec.step import SequenceState, StepContext, prefill, run_step
+from engine.spec.sampling import logits_workspace_bytes, make_generator
+from engine.spec.step import PREFILL_CHUNK, SequenceState, StepContext, prefill, run_step
 from engine.types import (
     CheckpointError,
+    ConfigError,
     ContextLengthError,
+    EngineFault,
     FinishReason,
     GenerationStats,
+    OutOfMemory,
     Request,
     SamplingParams,
     TokenDelta,
 )
+
+log = logging.getLogger("specexec.engine")
 
 DEFAULT_MAX_CONTEXT = 8192
 CALIBRATION_TEXT = "def main(argv):\n    for index, value in enumerate(argv):\n        print(index, value)\n"
@@ -50,8 +62,7 @@ class LoadedPair:
 def load_pair(config: EngineConfig) -> LoadedPair:
     model_cfg = config.model
     device = checkpoint.resolve_device(model_cfg.device)
-    dtype = checkpoint.resolve_dtype(model_cfg.dtype, device)
-    checkpoint.read_config(model_cfg.target)
+    dtype = checkpoint.resolve_dtype(model_cfg.dtype, device, checkpoint.read_config(model_cfg.target))
     tokenizer = checkpoint.load_tokenizer(model_cfg.target)
     needs_draft = config.speculation.method != "autoregressive"
     if needs_draft:
@@ -89,21 +100,58 @@ class Engine:
         self.max_context = pair.max_context
         self.model_name = config.model.name or config.model.target.rstrip("/").split("/")[-1]
         self.device = pair.target.device
-        self._caches: dict[str, object] = {}
+        self._caches: dict[str, KVCache] = {}
         spec = config.speculation
         auto = spec.budget == "auto" and spec.method != "autoregressive"
         self.budget_tracker: BudgetTracker | None = BudgetTracker() if auto else None
 
     @classmethod
     def load(cls, config: EngineConfig) -> Engine:
-        engine = cls(load_pair(config), config)
-        if engine.budget_tracker is not None:
-            engine.calibrate_budget()
-        return engine
+        """Load the pair, check the memory plan and allocate the KV caches, calibrate --budget auto."""
+        try:
+            pair = load_pair(config)
+        except torch.OutOfMemoryError as exc:
+            message = faults.first_line(exc)
+        else:
+            engine = cls(pair, config)
+            engine.reserve_memory()
+            if engine.budget_tracker is not None:
+                engine.calibrate_budget()
+            return engine
+        gc.collect()  # the failed load's frames (and the weights they hold) went with the exception
+        faults.release_device_memory(checkpoint.resolve_device(config.model.device))
+        raise memory.weights_do_not_fit(config, message)
 
     def with_speculation(self, spec: SpeculationConfig) -> Engine:
-        """The same loaded models under other speculation settings (benchmarks)."""
-        return Engine(self.pair, dataclasses.replace(self.config, speculation=spec))
+        """The same loaded models under other speculation settings (benchmarks); shares the KV caches."""
+        engine = Engine(self.pair, dataclasses.replace(self.config, speculation=spec))
+        engine._caches = self._caches  # one set of device buffers, grown if this budget needs more
+        return engine
+
+    def memory_plan_inputs(self, budget: int | None = None) -> memory_plan.PlanInputs:
+        """What the device must hold for this pair at max_context with trees of `budget` (default: ours)."""
+        limits = (self.max_context, budget or self.budget, PREFILL_CHUNK)
+        workspace = logits_workspace_bytes(self.pair.target.vocab_size)
+        return memory.plan_inputs(self.pair.target, self.pair.draft, self.config.speculation, limits, workspace)
+
+    def reserve_memory(self) -> memory_plan.MemoryPlan:
+        """Check the memory plan against free device memory, then allocate both KV caches (the first
+        request allocates none). Raises ConfigError saying what does not fit and what to change."""
+        inputs = self.memory_plan_inputs()
+        plan = memory_plan.plan_memory(inputs)
+        memory_plan.check_fits(inputs, plan, memory.free_device_memory(self.device), str(self.device))
+        log.info("device memory plan on %s: %s in all (%s)", self.device, memory_plan.gb(plan.total), plan.describe())
+        try:
+            self._caches_for_request()
+        except torch.OutOfMemoryError as exc:
+            message = faults.first_line(exc)
+        else:
+            return plan
+        self._caches.clear()
+        gc.collect()
+        faults.release_device_memory(self.device)
+        raise ConfigError("limits.max_context", f"the KV caches do not fit on {self.device} ({message}); lower "
+                          f"--max-context (now {self.max_context}) or --budget, or use a smaller draft")
 
     @property
     def budget(self) -> int:
@@ -140,14 +188,22 @@ class Engine:
         eos = frozenset() if params.ignore_eos else self.eos_token_ids
         return frozenset(params.stop_token_ids) | eos
 
-    def _step_context(self, params: SamplingParams) -> StepContext:
+    def _caches_for_request(self) -> tuple[KVCache, KVCache]:
+        """The target and draft caches, emptied (allocated once, or again for a larger budget)."""
         spec = self.config.speculation
-        budget = self.budget
-        target_capacity = self.max_context + budget + 1
-        draft_capacity = self.max_context + spec.max_depth * min(spec.max_expand, budget + 1) + 2
+        target_capacity, draft_capacity = memory_plan.cache_capacities(
+            self.max_context, self.budget, spec.max_depth, spec.max_expand
+        )
         target_cache = self._cache("target", self.pair.target, target_capacity)
         draft_runner = self.pair.draft or self.pair.target
         draft_cache = self._cache("draft", draft_runner, draft_capacity if self.pair.draft else 1)
+        return target_cache, draft_cache
+
+    def _step_context(self, params: SamplingParams) -> StepContext:
+        spec = self.config.speculation
+        budget = self.budget
+        target_cache, draft_cache = self._caches_for_request()
+        draft_runner = self.pair.draft or self.pair.target
         vocab = self.pair.target.vocab_size
         stop_mask = torch.zeros(max(vocab, draft_runner.vocab_size), dtype=torch.bool, device=self.device)
         stop_mask[[i for i in self.stop_ids(params) if i < stop_mask.shape[0]]] = True
@@ -162,7 +218,7 @@ class Engine:
             track_acceptance=self.budget_tracker is not None,
         )
 
-    def _cache(self, name: str, runner: DecoderRunner, capacity: int):
+    def _cache(self, name: str, runner: DecoderRunner, capacity: int) -> KVCache:
         cache = self._caches.get(name)
         if cache is None or cache.capacity < capacity:
             cache = runner.new_cache(capacity)
@@ -180,6 +236,7 @@ class Engine:
         prefill(ctx.target, ctx.target_cache, prompt[:-1])
         if self.pair.draft is not None and self.config.speculation.method != "autoregressive":
             prefill(ctx.drafter.runner, ctx.drafter.cache, prompt[:-1])
+        synchronize_stream(self.device)  # prefill's tail is billed to prefill, not to the first draft
         return SequenceState(
             token_ids=prompt,
             prompt_len=len(prompt),
@@ -192,7 +249,28 @@ class Engine:
     def generate(
         self, request: Request, should_abort: Callable[[], bool] | None = None
     ) -> Iterator[TokenDelta]:
-        """Yield one TokenDelta per step; the last has finish_reason and totals."""
+        """Yield one TokenDelta per step; the last has finish_reason and totals.
+
+        Raises EngineFault on a CUDA runtime error (the engine is down), and OutOfMemory when the
+        device ran out of memory (this request's tensors are freed; the engine goes on)."""
+        try:
+            yield from self._generate(request, should_abort)
+            return
+        except Exception as exc:
+            if faults.is_device_fault(exc):
+                raise EngineFault(f"device error while generating: {faults.first_line(exc)}") from exc
+            if not faults.is_out_of_memory(exc):
+                raise
+            message = faults.first_line(exc)
+        gc.collect()  # the request's frames and tensors went with the exception
+        faults.release_device_memory(self.device)
+        raise OutOfMemory(
+            f"out of device memory on {self.device} during this request ({len(request.prompt_ids)} prompt "
+            f"tokens, tree budget {self.budget}): {message}; the request was dropped and its memory freed. "
+            "Retry with a shorter prompt, or restart with a lower --budget or --max-context"
+        )
+
+    def _generate(self, request: Request, should_abort: Callable[[], bool] | None) -> Iterator[TokenDelta]:
         params = request.params
         self.validate_request(len(request.prompt_ids), params.max_tokens)
         totals = GenerationStats(prompt_tokens=len(request.prompt_ids))

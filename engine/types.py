@@ -132,6 +132,11 @@ class EngineFault(RuntimeError):
     """A device-level failure: the engine cannot serve any request until restarted."""
 
 
+class OutOfMemory(RuntimeError):
+    """The device ran out of memory during one request: that request fails, its memory is freed and
+    the engine goes on. The message says what ran out and what to change."""
+
+
 class ConfigError(ValueError):
     """A config value is invalid; `field` names it (dotted, e.g. `speculation.budget`)."""
 
@@ -183,5 +188,6 @@ class GenerationEngine(Protocol):
 
     def generate(self, request: Request, should_abort: Callable[[], bool] | None = None) -> Iterator[TokenDelta]:
         """One TokenDelta per step; the last has finish_reason and totals. Raises EngineFault on a
-        device failure (the engine cannot serve any request until restarted)."""
+        device failure (the engine cannot serve any request until restarted), OutOfMemory when the
+        device ran out of memory in this request (the next request may run)."""
         ...

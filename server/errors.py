@@ -3,6 +3,13 @@
 Every error a client sees has the shape `{"error": {"message", "type", "param", "code"}}`;
 FastAPI's `{"detail": ...}` body never leaves the server. Deterministic failures carry
 `x-should-retry: false` so the openai SDK does not retry them.
+
+Engine failures while generating: an `EngineFault` (a CUDA runtime error; the engine is down,
+/health answers 503) is 503 `service_unavailable_error` / `engine_down`. An `OutOfMemory` (the
+device ran out of memory in this request; the engine freed it and goes on serving, /health stays
+200) is 500 `server_error` / `out_of_memory` with `x-should-retry: false`: the same request would
+run out again, so the message says what to shorten or change. Before the first byte these are the
+HTTP status and body; once a stream has begun, the same body is one `data: {"error": ...}` event.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.types import ContextLengthError, EngineFault
+from engine.types import ContextLengthError, EngineFault, OutOfMemory
 
 log = logging.getLogger("specexec.server")
 
@@ -116,12 +123,18 @@ def internal_error(exc: BaseException) -> APIError:
                     code="internal_error")
 
 
+def out_of_memory(exc: OutOfMemory) -> APIError:
+    return APIError(500, str(exc), type="server_error", code="out_of_memory")
+
+
 def generation_error(exc: BaseException) -> APIError:
     """What a request that failed while generating reports, streamed or not."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, EngineFault):
         return engine_down(str(exc))
+    if isinstance(exc, OutOfMemory):
+        return out_of_memory(exc)
     return internal_error(exc)
 
 

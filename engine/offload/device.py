@@ -3,35 +3,135 @@
 from __future__ import annotations
 
 import time
+import weakref
+from itertools import pairwise
 
 import torch
 
+from engine.types import OffloadError
+
 
 def synchronize(device: torch.device) -> None:
-    """Wait for queued work on `device` (CUDA only; CPU work is already done)."""
+    """Wait for ALL queued work on `device`, the offload ring's copy streams included (CUDA only;
+    CPU work is already done). For benchmarks; the engine waits on its compute stream only."""
     if device.type == "cuda":  # CUDA-only
         torch.cuda.synchronize(device)
 
 
-def timed(device: torch.device, start: float) -> float:
-    """Seconds since `start` once the device has finished its queued work."""
-    synchronize(device)
-    return time.perf_counter() - start
+def synchronize_stream(device: torch.device) -> None:
+    """Wait for the work queued on the current (compute) stream of `device`, not for other streams
+    (prefetch copies of the next pass run there). CPU: no-op."""
+    if device.type == "cuda":  # CUDA-only
+        torch.cuda.current_stream(device).synchronize()
+
+
+class PhaseClock:
+    """Durations of consecutive phases of work on the compute stream, read after the caller's own
+    host sync, with no device-wide sync.
+
+    CUDA: `mark()` records a timing event on the current stream; `seconds()` reads the time between
+    consecutive events (the copy streams are never waited for). CPU: wall time at each mark (the
+    work is done when the call that queued it returns).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._events: list[torch.cuda.Event] = []
+        self._times: list[float] = []
+        self.mark()
+
+    def mark(self) -> None:
+        """End the current phase here (queue order on CUDA) and start the next."""
+        if self.cuda:  # CUDA-only
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            self._events.append(event)
+        else:
+            self._times.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """Seconds of each phase between consecutive marks. CUDA: call after a host sync on the compute
+        stream that follows the last mark; waiting on the last event then returns at once."""
+        if not self.cuda:
+            return [end - begin for begin, end in pairwise(self._times)]
+        self._events[-1].synchronize()  # CUDA-only: already complete after the caller's sync
+        return [begin.elapsed_time(end) / 1000 for begin, end in pairwise(self._events)]
 
 
 PAGE = 4096  # bytes; direct (O_DIRECT) reads need block-aligned buffers, offsets and lengths
+CPU = torch.device("cpu")
 
 
-def empty_buffer(nbytes: int, device: torch.device, pin: bool = False) -> torch.Tensor:
-    """A flat uint8 buffer of `nbytes` whose first byte is PAGE-aligned."""
-    raw = torch.empty(nbytes + PAGE, dtype=torch.uint8, device=device, pin_memory=pin)
+def padded_bytes(nbytes: int) -> int:
+    """Bytes `empty_buffer(nbytes, ...)` allocates: whole pages, plus one page of alignment slack."""
+    return -(-nbytes // PAGE) * PAGE + PAGE
+
+
+def allocate(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A flat uint8 tensor of `nbytes`, never pinned: every buffer here comes from this one call."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def empty_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A flat uint8 buffer of `nbytes` whose first byte is PAGE-aligned; every page it touches lies
+    inside its own allocation (page-locking it touches no other buffer's pages)."""
+    raw = allocate(padded_bytes(nbytes), device)
     skip = -raw.data_ptr() % PAGE
     return raw[skip : skip + nbytes]
 
 
+def pin_host() -> bool:
+    """Whether host buffers are page-locked: with CUDA (asynchronous copies need it); never without."""
+    return torch.cuda.is_available()
+
+
+def register_host(ptr: int, nbytes: int) -> None:
+    """Page-lock host memory [ptr, ptr + nbytes) in place for CUDA copies."""
+    cudart = torch.cuda.cudart()  # CUDA-only
+    torch.cuda.check_error(cudart.cudaHostRegister(ptr, nbytes, 0))  # flags 0: cudaHostRegisterDefault
+
+
+def unregister_host(ptr: int) -> None:
+    """Undo `register_host(ptr, ...)`."""
+    torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(ptr))  # CUDA-only
+
+
+_pinned: dict[int, weakref.finalize] = {}  # data_ptr of a page-locked buffer -> its unregistration
+
+
+def _unpin(ptr: int) -> None:
+    _pinned.pop(ptr, None)
+    unregister_host(ptr)
+
+
 def empty_host(nbytes: int) -> torch.Tensor:
-    """A PAGE-aligned flat uint8 host buffer, page-locked when CUDA is available (async copies)."""
-    return empty_buffer(nbytes, torch.device("cpu"), pin=torch.cuda.is_available())
+    """A PAGE-aligned flat uint8 host buffer; with CUDA page-locked in place, exactly its own pages
+    (`pin_memory=True` would take a power-of-two block), until `unpin_host(buffer)` or until the
+    buffer is freed (memory must never be freed while registered)."""
+    view = empty_buffer(nbytes, CPU)
+    start = view.storage_offset()
+    # a storage of its own that begins at the buffer: is_pinned() asks about a storage's first byte
+    buffer = torch.empty(0, dtype=torch.uint8).set_(view.untyped_storage()[start : start + nbytes])
+    if not pin_host():
+        return buffer
+    ptr = buffer.data_ptr()  # CUDA-only
+    try:
+        register_host(ptr, nbytes)
+    except RuntimeError as exc:
+        raise OffloadError(f"cannot page-lock {nbytes:,} bytes of host memory for CUDA copies: {exc}") from exc
+    unpin = weakref.finalize(buffer, _unpin, ptr)
+    unpin.atexit = False  # at exit the process's memory goes with it
+    _pinned[ptr] = unpin
+    return buffer
+
+
+def unpin_host(buffer: torch.Tensor) -> None:
+    """Unregister a buffer from `empty_host` now (idempotent; a no-op for one never page-locked).
+    Copies from it must have finished."""
+    unpin = _pinned.get(buffer.data_ptr())
+    if unpin is not None:
+        unpin()
 
 
 class CopyStreams:

@@ -10,11 +10,11 @@ import torch
 from engine.config import SpeculationConfig
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner
-from engine.offload.device import timed
+from engine.offload.device import PhaseClock
 from engine.spec.budget import acceptance_curve, node_indicator
 from engine.spec.draft import Drafter, GrowLimits, grow_sampled_tree, grow_tree
-from engine.spec.sampling import process_logits
-from engine.spec.tree import Tree, causal_mask, path_token_counts, prefix_tree_mask
+from engine.spec.sampling import NodeLogits
+from engine.spec.tree import Tree, prefix_tree_mask
 from engine.spec.verify import Verdict, path_probabilities, verify_specinfer, verify_tree
 from engine.types import SamplingParams, StepStats
 
@@ -40,15 +40,12 @@ class SequenceState:
 
 
 def prefill(runner: DecoderRunner, cache: KVCache, token_ids: list[int]) -> None:
-    """Write the KV of `token_ids` after the committed prefix, in chunks; computes no logits."""
-    device = cache.device
-    no_rows = torch.zeros(0, dtype=torch.long, device=device)
-    for begin in range(0, len(token_ids), PREFILL_CHUNK):
-        chunk = torch.tensor(token_ids[begin : begin + PREFILL_CHUNK], device=device)
-        start = cache.length
-        positions = torch.arange(start, start + chunk.shape[0], device=device)
-        runner.forward(chunk, positions, cache, start, causal_mask(chunk.shape[0], start, device), no_rows)
-        cache.length = start + chunk.shape[0]
+    """Write the KV of `token_ids` after the committed prefix; computes no logits. One pass over the
+    layers, each running every PREFILL_CHUNK-token chunk (a streamed target loads each layer once)."""
+    if not token_ids:
+        return
+    runner.prefill(torch.tensor(token_ids, device=cache.device), cache, PREFILL_CHUNK)
+    cache.length += len(token_ids)
 
 
 @dataclass
@@ -90,25 +87,20 @@ def verify_step(
     prompt_mask: torch.Tensor | None,
     include_root: bool,
     generator: torch.Generator,
+    track_acceptance: bool = False,
+    rows_per_block: int | None = None,
 ) -> Verdict:
     """Process every node's logits from its own path, then verify. Pure: tensors in, verdict out.
 
     logits: [n, vocab] raw target logits; output_counts: [vocab] generated tokens before the root;
-    include_root: the root is a generated token (not the prompt's last), so penalties count it."""
-    counts = None
-    if params.uses_penalties:
-        counts = output_counts[None] + path_token_counts(tree, logits.shape[1], include_root)
-    processed = process_logits(logits, params, counts, prompt_mask)
+    include_root: the root is a generated token (not the prompt's last), so penalties count it;
+    track_acceptance: sampled verdicts carry node_log_probs (budget auto's curve). Rows are
+    processed in blocks of rows_per_block (None: LOGITS_BLOCK_BYTES per block)."""
+    nodes = NodeLogits(tree, logits, params, output_counts, prompt_mask, include_root)
+    with_log_probs = track_acceptance and not params.greedy
     if tree.draft_probs is not None and not params.greedy:
-        tree.draft_probs = align_vocab(tree.draft_probs, processed.shape[1])
-        return verify_specinfer(tree, processed, generator)
-    return verify_tree(tree, processed, params.greedy, generator)
-
-
-def align_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    if probs.shape[1] >= vocab_size:
-        return probs[:, :vocab_size]
-    return torch.cat([probs, probs.new_zeros(probs.shape[0], vocab_size - probs.shape[1])], dim=1)
+        return verify_specinfer(tree, nodes, generator, rows_per_block, with_log_probs)
+    return verify_tree(tree, nodes, params.greedy, generator, rows_per_block, with_log_probs)
 
 
 def step_curve(ctx: StepContext, seq: SequenceState, tree: Tree, verdict: Verdict) -> torch.Tensor:
@@ -117,20 +109,24 @@ def step_curve(ctx: StepContext, seq: SequenceState, tree: Tree, verdict: Verdic
         return tree.scores.new_zeros(0)
     if seq.params.greedy:
         return acceptance_curve(node_indicator(tree.num_nodes, verdict.path))
-    return acceptance_curve(path_probabilities(tree, verdict.logits))
+    assert verdict.node_log_probs is not None, "verify_step(track_acceptance=True) gives the log-probs"
+    return acceptance_curve(path_probabilities(tree, verdict.node_log_probs))
 
 
 def run_step(ctx: StepContext, seq: SequenceState) -> tuple[list[int], StepStats]:
     """Append the step's tokens (accepted path + bonus) to `seq`; returns them and the step's stats."""
     device = ctx.target_cache.device
     begin = time.perf_counter()
+    clock = PhaseClock(device)  # draft | target, read after the step's host sync below
     remaining = min(seq.params.max_tokens - seq.emitted, ctx.max_context - len(seq.token_ids))
     tree = draft_tree(ctx, seq, min(ctx.spec.max_depth, remaining - 1))
-    draft_seconds = timed(device, begin)
+    clock.mark()
     logits = score_tree(ctx, tree)
-    target_seconds = timed(device, begin) - draft_seconds
+    clock.mark()
     include_root = len(seq.token_ids) > seq.prompt_len
-    verdict = verify_step(tree, logits, seq.params, seq.output_counts, seq.prompt_mask, include_root, seq.generator)
+    verdict = verify_step(
+        tree, logits, seq.params, seq.output_counts, seq.prompt_mask, include_root, seq.generator, ctx.track_acceptance
+    )
     ctx.target_cache.commit(ctx.target_cache.length + verdict.path)
     ctx.drafter.commit(tree, verdict.path)
     num_new = verdict.path.shape[0]
@@ -141,6 +137,7 @@ def run_step(ctx: StepContext, seq: SequenceState) -> tuple[list[int], StepStats
     new_ids = [int(t) for t in summary[:num_new]]
     seq.acceptance_curve = summary[num_new:] if ctx.track_acceptance else None
     seq.token_ids.extend(new_ids)
+    draft_seconds, target_seconds = clock.seconds()
     stats = StepStats(
         tree_size=tree.num_nodes,
         num_accepted=len(new_ids) - 1,

@@ -1,0 +1,67 @@
+"""The engine's device memory at startup: measure the loaded pair, plan it (memory_plan),
+and tell the user what to change when the weights themselves do not fit."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.config import EngineConfig, SpeculationConfig
+from engine.model import memory_plan
+from engine.model.runner import DecoderRunner
+from engine.types import ConfigError
+
+
+def streamed_layers(runner: DecoderRunner) -> tuple[list[int], list[torch.Tensor]]:
+    """Indices of the layers the offload streamer streams, and its ring's device buffers (none, none
+    for a resident target)."""
+    from engine.offload.ring import LayerStreamer
+
+    if not isinstance(runner.layers, LayerStreamer):
+        return [], []
+    return list(runner.layers.streamed), list(runner.layers.ring)
+
+
+def free_device_memory(device: torch.device) -> int:
+    """Bytes `device` can still allocate: CUDA's free memory plus what PyTorch's caching allocator
+    holds unused; on CPU the host's available memory."""
+    if device.type == "cuda":  # CUDA-only
+        free, _total = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    from engine.offload.ram_store import host_memory_available
+
+    return host_memory_available()
+
+
+def plan_inputs(
+    target: DecoderRunner,
+    draft: DecoderRunner | None,
+    spec: SpeculationConfig,
+    limits: tuple[int, int, int],
+    logits_processing_bytes: int,
+) -> memory_plan.PlanInputs:
+    """The plan's inputs for a loaded pair; limits: (max_context, budget, prefill_chunk) tokens."""
+    max_context, budget, prefill_chunk = limits
+    streamed, ring = streamed_layers(target)
+    return memory_plan.PlanInputs(
+        target=memory_plan.shape_of(target),
+        draft=memory_plan.shape_of(draft) if draft is not None else None,
+        loaded=memory_plan.loaded_bytes(target, draft, streamed, ring),
+        max_context=max_context,
+        budget=budget,
+        max_depth=spec.max_depth,
+        max_expand=spec.max_expand,
+        prefill_chunk=prefill_chunk,
+        streamed=bool(ring),
+        logits_processing_bytes=logits_processing_bytes,
+        reserve_bytes=memory_plan.CUDA_RESERVE_BYTES if target.device.type == "cuda" else 0,
+    )
+
+
+def weights_do_not_fit(config: EngineConfig, message: str) -> ConfigError:
+    """Loading the weights ran out of device memory: what to change."""
+    if not config.offload.enabled:
+        return ConfigError("offload.enabled", f"the weights do not fit on the device ({message}); stream the "
+                           "target's layers (--offload) or use a smaller or quantized draft (--draft)")
+    return ConfigError("model.draft", f"the weights do not fit on the device ({message}); use a smaller or "
+                       "quantized draft (a 1B-3B or GPTQ draft), or keep fewer target layers resident (lower "
+                       "--gpu-memory or --resident-layers)")

@@ -1,0 +1,243 @@
+"""Device memory at startup: what must sit on the device, checked against what is free.
+
+    plan = plan_memory(PlanInputs(...))  # pure arithmetic over byte counts and shapes
+    check_fits(inputs, plan, free_bytes, "cuda:0")  # ConfigError: what does not fit, what to change
+
+Items already on the device when the plan is checked (weights, the offload ring) are measured; the
+KV caches are allocated right after the check; workspaces are the largest transient tensors of a
+step and of prefill. The attention estimate assumes the tree pass never materialises
+[heads, n, context] scores (an arbitrary-mask kernel, not the math fallback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.model.runner import DecoderRunner
+from engine.types import ConfigError
+
+GB = 10**9
+MiB = 2**20
+CUDA_RESERVE_BYTES = 512 * MiB  # cuBLAS workspaces, kernels, allocator rounding and fragmentation
+MIN_SUGGESTED_CONTEXT = 512  # a smaller --max-context is not offered as the fix
+KV_POSITION_BYTES = 8  # KVCache.positions: one int64 per slot
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs of one model."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int  # activations and KV
+    num_windows: int  # distinct sliding windows: one additive mask each
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    target: ModelShape
+    draft: ModelShape | None
+    loaded: dict[str, int]  # bytes already on the device, by item name (weights, the offload ring)
+    max_context: int
+    budget: int  # draft tokens per tree (root excluded); the largest --budget auto may pick
+    max_depth: int
+    max_expand: int
+    prefill_chunk: int  # tokens per prefill forward
+    streamed: bool  # the target streams layers: prefill keeps the whole prompt's hidden states
+    logits_processing_bytes: int  # processing a tree's logits beyond the raw [n, vocab] fp32 logits
+    reserve_bytes: int = 0  # kept free for kernels and the allocator
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    name: str
+    nbytes: int
+    loaded: bool  # already on the device when the plan is checked
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    items: tuple[PlanItem, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(item.nbytes for item in self.items)
+
+    @property
+    def to_allocate(self) -> int:
+        """Bytes still to come: caches, workspaces, reserve."""
+        return sum(item.nbytes for item in self.items if not item.loaded)
+
+    def bytes_of(self, name: str) -> int:
+        return sum(item.nbytes for item in self.items if item.name == name)
+
+    def describe(self, loaded: bool | None = None) -> str:
+        """`name size, ...` of the items (only loaded or not-loaded ones when given), largest first."""
+        chosen = [item for item in self.items if loaded is None or item.loaded == loaded]
+        chosen.sort(key=lambda item: -item.nbytes)
+        return ", ".join(f"{item.name} {gb(item.nbytes)}" for item in chosen if item.nbytes)
+
+
+def gb(nbytes: int) -> str:
+    return f"{nbytes / GB:.2f} GB" if nbytes >= GB // 100 else f"{nbytes / 10**6:.2f} MB"
+
+
+def cache_capacities(max_context: int, budget: int, max_depth: int, max_expand: int) -> tuple[int, int]:
+    """KV slots of the target and draft caches: the context plus the largest tree (target), plus one
+    slot per node the draft may expand in a step (draft)."""
+    target = max_context + budget + 1
+    draft = max_context + max_depth * min(max_expand, budget + 1) + 2
+    return target, draft
+
+
+def kv_cache_bytes(shape: ModelShape, capacity: int) -> int:
+    """Bytes of KVCache(shape, capacity): keys and values [layers, kv_heads, capacity, head_dim], positions."""
+    per_slot = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
+    return capacity * (per_slot + KV_POSITION_BYTES)
+
+
+def mask_bytes(shape: ModelShape, rows: int, kv_len: int) -> int:
+    """The additive masks ([rows, kv_len], one per window) and the bool masks they are built from."""
+    return rows * kv_len * (shape.num_windows * shape.dtype_bytes + 2)
+
+
+def activation_bytes(shape: ModelShape, rows: int) -> int:
+    """One decoder layer's live activations on `rows` tokens: residual, norm, q/k/v/attention out, MLP."""
+    attn = 2 * shape.num_heads * shape.head_dim + 2 * shape.num_kv_heads * shape.head_dim
+    return rows * (3 * shape.hidden_size + attn + 3 * shape.intermediate_size) * shape.dtype_bytes
+
+
+def plan_memory(inputs: PlanInputs) -> MemoryPlan:
+    """Every device allocation of a served pair at `max_context` and `budget`, by name."""
+    target, draft = inputs.target, inputs.draft
+    target_capacity, draft_capacity = cache_capacities(
+        inputs.max_context, inputs.budget, inputs.max_depth, inputs.max_expand
+    )
+    nodes = inputs.budget + 1  # tree nodes scored by one target pass
+    chunk = min(inputs.prefill_chunk, inputs.max_context)
+    items = [PlanItem(name, nbytes, True) for name, nbytes in inputs.loaded.items()]
+    items += [
+        PlanItem("target KV cache", kv_cache_bytes(target, target_capacity), False),
+        PlanItem("target logits", nodes * target.vocab_size * (target.dtype_bytes + 4), False),
+        PlanItem("logits processing", inputs.logits_processing_bytes, False),
+        PlanItem("target masks", mask_bytes(target, max(nodes, chunk), target_capacity), False),
+        PlanItem("target activations", activation_bytes(target, max(nodes, chunk)), False),
+    ]
+    if inputs.streamed:  # layer-major prefill: the prompt's hidden states in and out of a layer
+        items.append(PlanItem("prefill hidden states", 2 * inputs.max_context * target.hidden_size
+                              * target.dtype_bytes, False))
+    if draft is not None:
+        rows = min(inputs.max_expand, nodes)  # nodes per draft forward
+        items += [
+            PlanItem("draft KV cache", kv_cache_bytes(draft, draft_capacity), False),
+            PlanItem("draft logits", rows * draft.vocab_size * 4 * 3, False),  # logits, log-probs, top-k
+            PlanItem("draft masks", mask_bytes(draft, max(rows, chunk), draft_capacity), False),
+            PlanItem("draft activations", activation_bytes(draft, max(rows, chunk)), False),
+        ]
+    if inputs.reserve_bytes:
+        items.append(PlanItem("kernel and allocator reserve", inputs.reserve_bytes, False))
+    return MemoryPlan(tuple(items))
+
+
+def largest_fitting_context(inputs: PlanInputs, free_bytes: int) -> int | None:
+    """The largest max_context below inputs.max_context whose plan fits `free_bytes`, or None."""
+    low, high = 1, inputs.max_context - 1  # to_allocate grows with max_context: bisect
+    best = None
+    while low <= high:
+        mid = (low + high) // 2
+        if plan_memory(dataclasses.replace(inputs, max_context=mid)).to_allocate <= free_bytes:
+            best, low = mid, mid + 1
+        else:
+            high = mid - 1
+    return best
+
+
+def check_fits(inputs: PlanInputs, plan: MemoryPlan, free_bytes: int, device_name: str) -> None:
+    """Raise one ConfigError line if what is still to allocate does not fit in `free_bytes`: what does
+    not fit, and what to change (the field named is the first remedy that would do)."""
+    if plan.to_allocate <= free_bytes:
+        return
+    context = largest_fitting_context(inputs, free_bytes)
+    draft_bytes = plan.bytes_of("draft weights")
+    remedies = []
+    if context is not None and context >= min(MIN_SUGGESTED_CONTEXT, inputs.max_context):
+        remedies.append(f"lower --max-context (limits.max_context) from {inputs.max_context} to {context} or less")
+        field = "limits.max_context"
+    elif draft_bytes:
+        field = "model.draft"
+    else:
+        field = "offload.gpu_memory"
+    if draft_bytes:
+        remedies.append(f"use a smaller or quantized draft (model.draft: {gb(draft_bytes)} now; a 1B-3B or GPTQ draft)")
+    remedies.append("keep fewer target layers on the device (--offload, lower --gpu-memory or --resident-layers)")
+    remedies.append(f"or a smaller --budget (now {inputs.budget})")
+    raise ConfigError(
+        field,
+        f"not enough device memory on {device_name}: after loading ({plan.describe(loaded=True)}) "
+        f"{gb(free_bytes)} is free, but the KV caches and workspaces need {gb(plan.to_allocate)} "
+        f"({plan.describe(loaded=False)}); " + ", ".join(remedies),
+    )
+
+
+def device_bytes(tensors: Iterable[torch.Tensor], device: torch.device) -> int:
+    """Bytes of the distinct storages behind `tensors` that live on `device` (tied weights count once)."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        if tensor.device == device:
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def module_tensors(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
+    """Every parameter and buffer of `modules` and their submodules."""
+    out: list[torch.Tensor] = []
+    for module in modules:
+        out += [p for p in module.parameters() if p is not None]
+        out += [b for b in module.buffers() if b is not None]
+    return out
+
+
+def shape_of(runner: DecoderRunner) -> ModelShape:
+    cfg = runner.config
+    return ModelShape(
+        num_layers=len(runner.hf_layers),
+        num_heads=runner.num_heads,
+        num_kv_heads=runner.num_kv_heads,
+        head_dim=runner.head_dim,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size,
+        vocab_size=runner.vocab_size,
+        dtype_bytes=runner.dtype.itemsize,
+        num_windows=len(set(runner.windows)),
+    )
+
+
+def loaded_bytes(
+    target: DecoderRunner, draft: DecoderRunner | None, streamed: list[int], ring: list[torch.Tensor]
+) -> dict[str, int]:
+    """What the loaded pair holds on the target's device, by plan item name; `streamed`: indices of
+    the target layers that stream through `ring` (their weights live on the host)."""
+    device = target.device
+    outer = [target.embed_tokens, target.norm, target.lm_head, target.rotary_emb]
+    skip = set(streamed)
+    resident = [layer for idx, layer in enumerate(target.hf_layers) if idx not in skip]
+    loaded = {
+        "target embeddings, norm and head": device_bytes(module_tensors(outer), device),
+        "target resident layers": device_bytes(module_tensors(resident), device),
+        "offload ring": device_bytes(ring, device),
+    }
+    if draft is not None:
+        modules = [draft.embed_tokens, draft.norm, draft.lm_head, draft.rotary_emb, *draft.hf_layers]
+        loaded["draft weights"] = device_bytes(module_tensors(modules), device)
+    return loaded

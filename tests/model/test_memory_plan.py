@@ -1,0 +1,175 @@
+"""The startup memory plan: byte counts against real allocations, the 24 GB card, Engine.load's refusal."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
+from engine.model import memory, memory_plan
+from engine.model.memory_plan import ModelShape, PlanInputs, check_fits, plan_memory
+from engine.model.runner import DecoderRunner
+from engine.runtime import Engine
+from engine.types import ConfigError, SamplingParams
+from tests.helpers.tiny_models import build_model, make_tiny_pair
+
+GIB = 2**30
+# Llama-3.x shapes, fp16 (128256-token vocabulary shared by the 70B, 8B, 3B and 1B models)
+LLAMA_70B = ModelShape(80, 64, 8, 128, 8192, 28672, 128256, 2, 1)
+LLAMA_8B = ModelShape(32, 32, 8, 128, 4096, 14336, 128256, 2, 1)
+LLAMA_3B = ModelShape(28, 24, 8, 128, 3072, 8192, 128256, 2, 1)
+LLAMA_1B = ModelShape(16, 32, 8, 64, 2048, 8192, 128256, 2, 1)
+LAYER_70B = 2 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672) + 2 * 2 * 8192  # fp16 bytes
+HEAD_70B = 2 * 2 * 128256 * 8192 + 2 * 8192  # embeddings, lm_head, final norm
+CARD_24GB_FREE = 24 * GIB - 600 * 2**20  # an RTX 4090 after the CUDA context
+
+
+def llama70b_inputs(draft: ModelShape, draft_bytes: int, **changes) -> PlanInputs:
+    inputs = PlanInputs(
+        target=LLAMA_70B,
+        draft=draft,
+        loaded={
+            "draft weights": draft_bytes,
+            "target embeddings, norm and head": HEAD_70B,
+            "target resident layers": 0,
+            "offload ring": 2 * LAYER_70B,
+        },
+        max_context=8192,
+        budget=2048,
+        max_depth=32,
+        max_expand=128,
+        prefill_chunk=512,
+        streamed=True,
+        logits_processing_bytes=8 * 64 * 2**20,
+        reserve_bytes=memory_plan.CUDA_RESERVE_BYTES,
+    )
+    return dataclasses.replace(inputs, **changes)
+
+
+def free_after_loading(inputs: PlanInputs, free_at_start: int) -> int:
+    return free_at_start - sum(inputs.loaded.values())
+
+
+def test_kv_cache_bytes_equal_a_real_cache() -> None:
+    runner = DecoderRunner(build_model("mistral", 320, 0))
+    shape = memory_plan.shape_of(runner)
+    assert (shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes) == (2, 2, 16, 4)
+    for capacity in (1, 37, 300):
+        cache = runner.new_cache(capacity)
+        real = cache.keys.nbytes + cache.values.nbytes + cache.positions.nbytes
+        assert memory_plan.kv_cache_bytes(shape, capacity) == real
+
+
+def test_device_bytes_counts_a_shared_storage_once() -> None:
+    weight = torch.zeros(10, 4)
+    other = torch.zeros(3)
+    tensors = [weight, weight.view(-1), weight[2:], other]
+    assert memory_plan.device_bytes(tensors, torch.device("cpu")) == weight.nbytes + other.nbytes
+    assert memory_plan.device_bytes(tensors, torch.device("meta")) == 0
+
+
+def test_fp16_8b_draft_with_70b_target_does_not_fit_a_24gb_card() -> None:
+    inputs = llama70b_inputs(LLAMA_8B, 16_060_000_000)
+    plan = plan_memory(inputs)
+    assert plan.total > 24 * GIB
+    with pytest.raises(ConfigError) as info:
+        check_fits(inputs, plan, free_after_loading(inputs, CARD_24GB_FREE), "cuda:0")
+    message = str(info.value)
+    assert info.value.field == "model.draft"  # no context length would make room
+    assert "\n" not in message and "draft weights 16.06 GB" in message
+    assert "smaller or quantized draft" in message and "--gpu-memory" in message
+
+
+@pytest.mark.parametrize("draft, draft_bytes", [(LLAMA_1B, 2_470_000_000), (LLAMA_3B, 6_430_000_000)])
+def test_1b_or_3b_draft_with_70b_target_fits_a_24gb_card(draft: ModelShape, draft_bytes: int) -> None:
+    inputs = llama70b_inputs(draft, draft_bytes)
+    plan = plan_memory(inputs)
+    check_fits(inputs, plan, free_after_loading(inputs, CARD_24GB_FREE), "cuda:0")
+    assert plan.total < CARD_24GB_FREE
+
+
+def test_plan_items_follow_context_and_budget() -> None:
+    inputs = llama70b_inputs(LLAMA_1B, 2_470_000_000)
+    plan = plan_memory(inputs)
+    target_slots = 8192 + 2048 + 1
+    assert plan.bytes_of("target KV cache") == target_slots * (2 * 80 * 8 * 128 * 2 + 8)
+    assert plan.bytes_of("target logits") == 2049 * 128256 * (2 + 4)
+    assert plan.bytes_of("offload ring") == 2 * LAYER_70B
+    smaller = plan_memory(dataclasses.replace(inputs, max_context=4096, budget=1024))
+    assert smaller.to_allocate < plan.to_allocate
+    assert smaller.total - smaller.to_allocate == plan.total - plan.to_allocate  # loaded items unchanged
+    resident = plan_memory(dataclasses.replace(inputs, streamed=False))
+    assert resident.bytes_of("prefill hidden states") == 0 < plan.bytes_of("prefill hidden states")
+
+
+def test_refusal_offers_the_largest_context_that_fits() -> None:
+    inputs = llama70b_inputs(LLAMA_1B, 2_470_000_000, max_context=65536)
+    free = plan_memory(dataclasses.replace(inputs, max_context=20000)).to_allocate
+    with pytest.raises(ConfigError) as info:
+        check_fits(inputs, plan_memory(inputs), free, "cuda:0")
+    assert info.value.field == "limits.max_context"
+    suggested = int(str(info.value).split("from 65536 to ")[1].split()[0])
+    assert suggested == 20000  # the largest that fits
+    assert plan_memory(dataclasses.replace(inputs, max_context=suggested + 1)).to_allocate > free
+
+
+# -- Engine.load ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[str, str]:
+    target, draft = make_tiny_pair(tmp_path_factory.mktemp("pair"), arch="llama", draft="noisy", seed=4)
+    return str(target), str(draft)
+
+
+def config_for(pair: tuple[str, str], **offload) -> EngineConfig:
+    return EngineConfig(
+        model=ModelConfig(target=pair[0], draft=pair[1]),
+        speculation=SpeculationConfig(budget=16, max_depth=4),
+        offload=OffloadConfig(**offload),
+        limits=LimitsConfig(max_context=200),
+    )
+
+
+def test_load_allocates_both_caches_and_the_first_request_reuses_them(pair) -> None:
+    engine = Engine.load(config_for(pair))
+    caches = dict(engine._caches)
+    assert caches["target"].capacity == 200 + 16 + 1
+    assert caches["draft"].capacity == 200 + 4 * 17 + 2
+    engine.generate_ids([5, 6, 7], SamplingParams(temperature=0, max_tokens=8))
+    assert all(engine._caches[name] is cache for name, cache in caches.items())
+    other = engine.with_speculation(SpeculationConfig(budget=8, max_depth=4))
+    other.generate_ids([5, 6, 7], SamplingParams(temperature=0, max_tokens=8))
+    assert all(other._caches[name] is cache for name, cache in caches.items())
+
+
+def test_load_refuses_when_free_memory_is_too_small(pair, monkeypatch) -> None:
+    monkeypatch.setattr(memory, "free_device_memory", lambda device: 4096)
+    with pytest.raises(ConfigError) as info:
+        Engine.load(config_for(pair))
+    message = str(info.value)
+    assert "not enough device memory on cpu" in message and "target KV cache" in message
+    assert "draft weights 0." in message and "MB" in message and "smaller or quantized draft" in message
+
+
+def test_offloaded_target_plans_its_ring(pair) -> None:
+    engine = Engine.load(config_for(pair, enabled=True, resident_layers=0))
+    inputs = engine.memory_plan_inputs()
+    layer_bytes = max(p.nbytes for p in engine.pair.target.hf_layers[0].parameters())
+    assert inputs.streamed and inputs.loaded["offload ring"] >= 2 * layer_bytes
+    assert inputs.loaded["target resident layers"] == 0
+    assert engine.generate_ids([5, 6, 7], SamplingParams(temperature=0, max_tokens=4))
+
+
+def test_weights_that_do_not_fit_name_what_to_change(pair, monkeypatch) -> None:
+    def out_of_memory(config):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    monkeypatch.setattr("engine.runtime.load_pair", out_of_memory)
+    with pytest.raises(ConfigError) as info:
+        Engine.load(config_for(pair))
+    assert info.value.field == "offload.enabled" and "Tried to allocate 2.00 GiB" in str(info.value)
+    assert info.value.__context__ is None  # the failed load's frames are not kept alive
+
