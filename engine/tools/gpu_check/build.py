@@ -22,6 +22,7 @@ from engine.tools.bench_target import bench_config, cache_key, is_built, mark_bu
 from engine.tools.gpu_check.context import CheckContext, Checkpoints
 from engine.tools.gpu_check.plan import Plan
 
+WEIGHT_STD = 0.02  # projections and embeddings ~ N(0, 0.02), as Llama initialises them
 NORM_STD = 0.1  # norm weights ~ N(1, 0.1): distinct in every layer, like every other tensor
 MAX_CONTEXT = 16384  # max_position_embeddings: the check's 8k context plus a 2k tree fit
 
@@ -54,9 +55,12 @@ def random_model(config: LlamaConfig, dtype: torch.dtype, device: torch.device, 
         torch.manual_seed(seed)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        for name, param in model.named_parameters():
+        for name, param in model.named_parameters():  # explicit: transformers may leave weights unset
             if "norm" in name:
                 param.normal_(1.0, NORM_STD)
+            else:
+                param.normal_(0.0, WEIGHT_STD)
+            param.masked_fill_(param == 0, WEIGHT_STD)  # an exact zero would hide a slot mix-up
     zero = [name for name, param in model.named_parameters() if not bool(param.ne(0).all())]
     assert not zero, f"random weights with zeros: {zero[:3]}"
     return model.eval()

@@ -61,7 +61,7 @@ def header_rows(ctx: CheckContext) -> list[tuple[str, str]]:
         ("triton", version_of("triton")),
         ("python", platform.python_version()),
         ("host", f"{os.cpu_count()} cores, {host_memory_bytes() / GB:.0f} GB RAM, {platform.machine()}"),
-        ("commit", command_output("git", "rev-parse", "--short", "HEAD") or "unknown (no git checkout)"),
+        ("commit", os.environ.get("SPECEXEC_COMMIT") or commit_of_checkout()),
         ("dtype", str(ctx.dtype).removeprefix("torch.")),
         ("work dir", str(ctx.work_dir)),
     ]
@@ -72,3 +72,12 @@ def header_section(ctx: CheckContext) -> None:
     ctx.report.table("item", "value")
     for item, value in header_rows(ctx):
         ctx.report.row(item, value)
+
+
+def commit_of_checkout() -> str:
+    """HEAD, with `+changes` when the work tree differs from it (a copied tree may carry stale git data)."""
+    head = command_output("git", "rev-parse", "--short", "HEAD")
+    if not head:
+        return "unknown (no git checkout)"
+    dirty = command_output("git", "status", "--porcelain", "--untracked-files=no")
+    return f"{head}+changes" if dirty else head
