@@ -73,7 +73,7 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+            for name in handle.keys():
                 tensor = handle.get_tensor(name)
                 tensors[name] = tensor.float() if tensor.is_floating_point() else tensor
     return tensors

@@ -26,14 +26,13 @@ import httpx
 import openai
 import pytest
 
+from engine.config import EngineConfig, LimitsConfig
+from server.app import build_app
+from server.config import ServerConfig
 from tests.helpers.fake_engine import FakeEngine
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
-
-from engine.config import EngineConfig, LimitsConfig  # noqa: E402
-from server.app import build_app  # noqa: E402
-from server.config import ServerConfig  # noqa: E402
 
 STARTUP_TIMEOUT = 240.0  # seconds: torch + transformers imports are slow on a busy 2-core machine
 

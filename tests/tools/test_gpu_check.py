@@ -109,7 +109,7 @@ def test_tiny_run_on_cpu_reports_every_section(tmp_path, capsys):
 def test_the_built_weights_are_non_zero_and_differ_between_layers(tmp_path):
     checkpoints = build_checkpoints(TINY, tmp_path, torch.device("cpu"), torch.float32)
     with safe_open(checkpoints.target / "model.safetensors", "pt") as f:
-        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
     assert all(bool(t.ne(0).all()) for t in tensors.values())
     for name in ("input_layernorm.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight"):
         assert not torch.equal(tensors[f"model.layers.0.{name}"], tensors[f"model.layers.1.{name}"])
