@@ -22,6 +22,7 @@ from engine.model.runner import (
 )
 from engine.spec.tree import causal_mask, prefix_tree_mask
 from tests.helpers.tiny_models import tiny_config
+from tests.helpers.trees import ancestors_and_depths
 
 ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
 VOCAB = 300
@@ -48,14 +49,7 @@ def build(arch: str, kv_heads: int, window: int | None) -> torch.nn.Module:
 
 def tree_inputs() -> tuple[torch.Tensor, torch.Tensor]:
     """(ancestors [n, n] bool, depths [n]) of the PARENTS tree."""
-    num_nodes = len(PARENTS)
-    ancestors = torch.eye(num_nodes, dtype=torch.bool)
-    depths = torch.zeros(num_nodes, dtype=torch.long)
-    for node, parent in enumerate(PARENTS):
-        if parent >= 0:
-            ancestors[node] |= ancestors[parent]
-            depths[node] = depths[parent] + 1
-    return ancestors, depths
+    return ancestors_and_depths(PARENTS)
 
 
 def path_of(node: int) -> list[int]:

@@ -16,6 +16,7 @@ from engine.spec import step
 from engine.spec.tree import causal_mask, prefix_tree_mask
 from tests.helpers.offload_passes import streamed_runner
 from tests.helpers.tiny_models import make_tiny_pair
+from tests.helpers.trees import ancestors_and_depths
 
 ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
 NUM_LAYERS = 4
@@ -68,13 +69,7 @@ def assert_same_kv(got: KVCache, want: KVCache, length: int) -> None:
 
 def tree_pass(runner: DecoderRunner, cache: KVCache, tree_ids: torch.Tensor) -> torch.Tensor:
     """Logits of a tree (PARENTS) scored on top of the committed prefix: [n, vocab]."""
-    num_nodes = len(PARENTS)
-    ancestors = torch.eye(num_nodes, dtype=torch.bool)
-    depths = torch.zeros(num_nodes, dtype=torch.long)
-    for node, parent in enumerate(PARENTS):
-        if parent >= 0:
-            ancestors[node] |= ancestors[parent]
-            depths[node] = depths[parent] + 1
+    ancestors, depths = ancestors_and_depths(PARENTS)
     start = cache.length
     return runner.forward(tree_ids, start + depths, cache, start, prefix_tree_mask(ancestors, start))
 
