@@ -25,14 +25,21 @@ class Decoder(Protocol):
 
 
 class Detokenizer:
-    def __init__(self, tokenizer: Decoder, skip_special_tokens: bool = True):
+    """`drop_ids`: when given, these ids are dropped and the rest decoded with special tokens kept
+    (a tool-call marker that is a special token stays in the text; server/tools/detect.py)."""
+
+    def __init__(self, tokenizer: Decoder, skip_special_tokens: bool = True,
+                 drop_ids: frozenset[int] | None = None):
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
+        self._drop_ids = drop_ids
         self._ids: list[int] = []
         self._prefix_offset = 0  # start of the decode window (context for spacing/merges)
         self._read_offset = 0  # ids before this offset have been emitted as text
 
     def _decode(self, ids: list[int]) -> str:
+        if self._drop_ids is not None:
+            return self._tokenizer.decode([i for i in ids if i not in self._drop_ids], skip_special_tokens=False)
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
 
     def add(self, token_id: int) -> str:
@@ -96,8 +103,8 @@ class StopMatcher:
 class TextStream:
     """Token ids in, safe text out; `stopped` once a stop string matched."""
 
-    def __init__(self, tokenizer: Decoder, stops: Sequence[str] = ()):
-        self._detok = Detokenizer(tokenizer)
+    def __init__(self, tokenizer: Decoder, stops: Sequence[str] = (), drop_ids: frozenset[int] | None = None):
+        self._detok = Detokenizer(tokenizer, drop_ids=drop_ids)
         self._stop = StopMatcher(stops)
         self.num_tokens = 0
 

@@ -1,0 +1,6 @@
+"""Tool calling: tools rendered by the model's chat template, calls read back from its output.
+
+detect.py (what the model's template and tokenizer allow), parsers.py (the formats),
+json_scan.py + stream.py (the incremental reader), output.py (OpenAI shapes), render.py
+(messages and tools for templates), plan.py (one request: tool_choice, prefill, limits).
+"""
