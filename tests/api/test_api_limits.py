@@ -1,0 +1,105 @@
+"""Large and slow bodies: a size cap (413), a body stall timeout (408), prompts that cannot fit refused
+before tokenizing, and tokenization off the event loop (/health answers meanwhile)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.api.test_api_app import CHAT, PROMPT, assert_openai_error
+from tests.helpers.fake_engine import FakeEngine
+
+SLOW_SECONDS = 6.0  # one tokenization (or template rendering) in the tests that slow them down
+
+
+def test_body_over_the_cap_is_413_from_content_length(fake_server) -> None:
+    srv = fake_server(max_body_bytes=20_000)
+    body = {**PROMPT, "prompt": "x" * 30_000}
+    response = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
+    error = assert_openai_error(response, 413, "invalid_request_error")
+    assert error["code"] == "request_too_large" and "20000 bytes" in error["message"]
+    small = {**PROMPT, "prompt": "x" * 100}
+    assert httpx.post(srv.url + "/v1/completions", json=small, timeout=30).status_code == 200
+
+
+def test_chunked_body_over_the_cap_is_413(fake_server) -> None:
+    srv = fake_server(max_body_bytes=20_000)
+    payload = json.dumps({**PROMPT, "prompt": "x" * 30_000}).encode()
+
+    def pieces() -> Iterator[bytes]:  # no Content-Length: Transfer-Encoding: chunked
+        for start in range(0, len(payload), 4096):
+            yield payload[start : start + 4096]
+
+    response = httpx.post(srv.url + "/v1/completions", content=pieces(), headers={"content-type": "application/json"},
+                          timeout=30)
+    assert_openai_error(response, 413)
+    assert srv.engine.requests == []
+
+
+def test_stalled_body_is_408(fake_server) -> None:
+    srv = fake_server(read_timeout=1.0)
+    port = int(srv.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+        reply = b""
+        while b"\r\n\r\n" not in reply:  # the server answers by itself; the socket timeout bounds the wait
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+
+
+def test_prompt_that_cannot_fit_is_refused_without_tokenizing(fake_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = FakeEngine(max_context=64)
+    srv = fake_server(engine)
+    calls: list[str] = []
+    real_encode = engine.tokenizer.encode
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda text, **kw: calls.append(text) or real_encode(text, **kw))
+    limit = srv.state.prompt.max_prompt_chars
+    for path, body, param in (("/v1/completions", {**PROMPT, "prompt": "y" * (limit + 1)}, "prompt"),
+                              ("/v1/chat/completions",
+                               {**CHAT, "messages": [{"role": "user", "content": "y" * (limit + 1)}]}, "messages")):
+        error = assert_openai_error(httpx.post(srv.url + path, json=body, timeout=30), 400)
+        assert error["code"] == "context_length_exceeded" and error["param"] == param
+        assert "maximum context length is 64 tokens" in error["message"]
+    assert calls == []
+    # a prompt below the character bound is tokenized and checked exactly, as before
+    error = assert_openai_error(httpx.post(srv.url + "/v1/completions", json={**PROMPT, "prompt": "word " * 100},
+                                           timeout=30), 400)
+    assert error["code"] == "context_length_exceeded" and len(calls) == 1
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_health_answers_while_a_big_prompt_is_tokenized(fake_server, monkeypatch: pytest.MonkeyPatch,
+                                                        chat: bool) -> None:
+    engine = FakeEngine(max_context=10**7)
+    srv = fake_server(engine)
+    started = threading.Event()
+    method = "apply_chat_template" if chat else "encode"
+    real = getattr(engine.tokenizer, method)
+
+    def slow(*args, **kwargs):  # stands for seconds of tokenizing / rendering a multi-megabyte prompt
+        started.set()
+        time.sleep(SLOW_SECONDS)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.tokenizer, method, slow)
+    big = "word " * 200_000  # 1 MB
+    body = {**CHAT, "messages": [{"role": "user", "content": big}]} if chat else {**PROMPT, "prompt": big}
+    result: list[httpx.Response] = []
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    worker = threading.Thread(target=lambda: result.append(httpx.post(srv.url + path, json=body, timeout=60)))
+    worker.start()
+    assert started.wait(30)
+    health = httpx.get(srv.url + "/health", timeout=SLOW_SECONDS / 2)  # a blocked loop answers only after it
+    assert health.status_code == 200
+    worker.join(60)
+    assert result and result[0].status_code == 200, result
