@@ -43,6 +43,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (section, field, kind) in ENGINE_FLAGS.items():
         parser.add_argument(flag, type=kind, default=None, help=f"[{section}] {field}")
     parser.add_argument("--offload", action="store_true", default=None, help="[offload] enabled: stream target layers")
+    parser.add_argument(
+        "--allow-long-context", action="store_true", default=None,
+        help="[limits] allow_long_context: accept a --max-context beyond the target's trained positions",
+    )
 
 
 def parse_budget(value: str) -> int | str:
@@ -64,6 +68,8 @@ def engine_config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, dic
             overrides.setdefault(section, {})[field] = parse_budget(value) if field == "budget" else value
     if args.offload:
         overrides.setdefault("offload", {})["enabled"] = True
+    if args.allow_long_context:
+        overrides.setdefault("limits", {})["allow_long_context"] = True
     model = {**sections.get("model", {}), **overrides.get("model", {})}
     if not model.get("target"):
         overrides.setdefault("model", {}).update(

@@ -104,6 +104,9 @@ class OffloadConfig:
 @dataclass(frozen=True)
 class LimitsConfig:
     max_context: int | None = None  # None: the target's max_position_embeddings, capped at 8192
+    # a max_context beyond the target's trained positions is refused unless this is set: rotary
+    # position embeddings past the trained range degrade the output
+    allow_long_context: bool = False
     max_queue: int = 16  # waiting requests beyond the running one; more get 429
     default_max_tokens: int = 256
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from engine.config import EngineConfig, SpeculationConfig
+from engine.config import EngineConfig, LimitsConfig, SpeculationConfig
 from engine.model import checkpoint, faults, memory, memory_plan
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner
@@ -62,7 +62,9 @@ class LoadedPair:
 def load_pair(config: EngineConfig) -> LoadedPair:
     model_cfg = config.model
     device = checkpoint.resolve_device(model_cfg.device)
-    dtype = checkpoint.resolve_dtype(model_cfg.dtype, device, checkpoint.read_config(model_cfg.target))
+    target_config = checkpoint.read_config(model_cfg.target)
+    limit = max_context_for(config.limits, target_config, model_cfg.target)  # before any weights load
+    dtype = checkpoint.resolve_dtype(model_cfg.dtype, device, target_config)
     tokenizer = checkpoint.load_tokenizer(model_cfg.target)
     needs_draft = config.speculation.method != "autoregressive"
     if needs_draft:
@@ -75,11 +77,35 @@ def load_pair(config: EngineConfig) -> LoadedPair:
     draft = None
     if needs_draft:
         draft = DecoderRunner(checkpoint.load_model(model_cfg.draft, dtype, device))
-    limit = config.limits.max_context or min(
-        getattr(target_model.config, "max_position_embeddings", DEFAULT_MAX_CONTEXT), DEFAULT_MAX_CONTEXT
-    )
     eos = checkpoint.eos_token_ids(target_model, tokenizer)
     return LoadedPair(target, draft, tokenizer, eos, limit)
+
+
+def trained_positions(target_config: dict) -> int | None:
+    """Positions the target was trained for (config.json): max_position_embeddings, or a rope
+    scaling's original length x factor when larger (YaRN-style configs keep the original there)."""
+    trained = target_config.get("max_position_embeddings")
+    rope = target_config.get("rope_scaling") or target_config.get("rope_parameters") or {}
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+    if isinstance(trained, int) and isinstance(factor, int | float) and isinstance(original, int):
+        trained = max(trained, int(original * factor))
+    return trained if isinstance(trained, int) else None
+
+
+def max_context_for(limits: LimitsConfig, target_config: dict, target_path: str) -> int:
+    """limits.max_context, or the trained positions capped at DEFAULT_MAX_CONTEXT. Raises ConfigError
+    for a max_context past the trained positions unless limits.allow_long_context."""
+    trained = trained_positions(target_config)
+    if limits.max_context is None:
+        return min(trained or DEFAULT_MAX_CONTEXT, DEFAULT_MAX_CONTEXT)
+    if trained is not None and limits.max_context > trained and not limits.allow_long_context:
+        raise ConfigError("limits.max_context", (
+            f"{limits.max_context} is beyond the {trained} positions the target {target_path!r} was trained "
+            "for (max_position_embeddings in its config.json): rotary position embeddings past the trained "
+            f"range degrade the output. Lower --max-context to {trained} or less, or pass --allow-long-context "
+            "(limits.allow_long_context = true) to run anyway"
+        ))
+    return limits.max_context
 
 
 def build_target_runner(model: torch.nn.Module, config: EngineConfig, device: torch.device) -> DecoderRunner:
@@ -285,16 +311,17 @@ class Engine:
                 return
             tracker = self.budget_tracker
             if tracker is not None:
-                ctx.budget = tracker.choose(params.temperature)
+                ctx.budget = tracker.choose(params.acceptance_key)
             new_ids, stats = run_step(ctx, seq)
             if tracker is not None:
                 timings = (stats.draft_seconds, stats.target_seconds, stats.step_seconds)
-                tracker.observe(params.temperature, stats.tree_size, timings, seq.acceptance_curve)
+                tracker.observe(params.acceptance_key, stats.tree_size, timings, seq.acceptance_curve)
             new_ids, finish = self._finish(seq, new_ids, stop_ids)
             seq.emitted += len(new_ids)
             stats = dataclasses.replace(stats, num_emitted=len(new_ids))  # after stop / max_tokens truncation
             totals.add_step(stats)
-            yield TokenDelta(request.request_id, new_ids, finish, stats, totals if finish else None)
+            logprobs = None if seq.step_logprobs is None else seq.step_logprobs[: len(new_ids)]
+            yield TokenDelta(request.request_id, new_ids, finish, stats, totals if finish else None, logprobs)
             if finish is not None:
                 return
 

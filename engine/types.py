@@ -6,6 +6,7 @@ below are everything the engine raises on purpose. Nothing here imports torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -19,9 +20,18 @@ class FinishReason(str, Enum):
     ERROR = "error"
 
 
+MAX_LOGPROBS = 20  # most alternatives per token (OpenAI's top_logprobs bound)
+# Sampling parameter bounds: within them, processed fp32 logits stay finite (no NaN, no inf but masks).
+GREEDY_TEMPERATURE = 1e-5  # a temperature below this is greedy (argmax), as in vLLM
+MAX_TEMPERATURE = 100.0
+MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's bound)
+REPETITION_PENALTY_RANGE = (0.01, 100.0)  # 1 is off (HF/vLLM meaning; both only require > 0)
+MAX_LOGIT_BIAS = 100.0  # |logit_bias| values (OpenAI's bound)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 1.0  # 0 means greedy (argmax)
+    temperature: float = 1.0  # below GREEDY_TEMPERATURE (0 included): greedy (argmax)
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     min_p: float = 0.0
@@ -33,28 +43,46 @@ class SamplingParams:
     max_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k: each token's log-prob and the k most likely alternatives
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
+        """Raises SamplingParamsError naming the field for a value out of its documented range."""
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise SamplingParamsError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        require_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        require_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if self.top_k < 0:
-            raise ValueError("top_k must be >= 0")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError("min_p must be in [0, 1]")
-        if self.repetition_penalty <= 0:
-            raise ValueError("repetition_penalty must be > 0")
+            raise SamplingParamsError("top_k", f"must be >= 0, got {self.top_k!r}")
+        require_range("min_p", self.min_p, 0.0, 1.0)
+        require_range("presence_penalty", self.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
+        require_range("frequency_penalty", self.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
+        require_range("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
+        for value in self.logit_bias.values():
+            require_range("logit_bias", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
         if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
+            raise SamplingParamsError("max_tokens", f"must be >= 1, got {self.max_tokens!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Argmax decoding: temperature below GREEDY_TEMPERATURE (dividing logits by it would overflow)."""
+        return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def acceptance_key(self) -> float:
+        """The sampling regime budget auto keys its acceptance curves by: 0.0 greedy, else the temperature."""
+        return 0.0 if self.greedy else self.temperature
 
     @property
     def uses_penalties(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+
+def require_range(name: str, value: float, low: float, high: float, low_open: bool = False) -> None:
+    """value in [low, high] ((low, high] if low_open), finite; else SamplingParamsError naming `name`."""
+    above_low = value > low if low_open else value >= low
+    if not (math.isfinite(value) and above_low and value <= high):
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise SamplingParamsError(name, f"must be in {bounds}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +105,16 @@ class StepStats:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of one emitted token under the request's processed distribution
+    (greedy: the penalised logits before temperature), and the most likely alternatives there."""
+
+    logprob: float
+    top_ids: list[int]  # the params.logprobs most likely token ids, most likely first
+    top_logprobs: list[float]  # their log-probabilities (-inf where processing removed the token)
+
+
+@dataclass(frozen=True)
 class TokenDelta:
     """New tokens of one request; the last delta carries `finish_reason`."""
 
@@ -85,6 +123,7 @@ class TokenDelta:
     finish_reason: FinishReason | None = None
     stats: StepStats | None = None
     totals: GenerationStats | None = None  # set on the final delta
+    logprobs: list[TokenLogprob] | None = None  # one per token id when params.logprobs is set
 
 
 @dataclass
@@ -126,6 +165,14 @@ class ContextLengthError(ValueError):
             f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
             "Please reduce the length of the messages or completion."
         )
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is out of range; `field` names it (the request field of the same name)."""
+
+    def __init__(self, field_name: str, message: str):
+        self.field = field_name
+        super().__init__(f"{field_name} {message}")
 
 
 class EngineFault(RuntimeError):

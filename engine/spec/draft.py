@@ -35,6 +35,8 @@ class Drafter:
         self.runner = runner
         self.cache = cache
         self.vocab_limit = min(target_vocab_size, runner.vocab_size)
+        # [draft vocab] bool: ids past the target's vocabulary (a padded draft), never drafted
+        self.outside_target = torch.arange(runner.vocab_size, device=cache.device) >= self.vocab_limit
         self.next_slot = 0
 
     def catch_up(self, pending_ids: list[int], root_id: int) -> torch.Tensor:
@@ -70,8 +72,10 @@ class Drafter:
         return self.cache.capacity - self.next_slot
 
     def mask_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """[k, draft vocab] -> the same with ids past the target's vocabulary at -inf. Out of place:
+        the runner's logits are inference tensors."""
         if logits.shape[1] > self.vocab_limit:
-            logits[:, self.vocab_limit :] = float("-inf")
+            return logits.masked_fill(self.outside_target[: logits.shape[1]], float("-inf"))
         return logits
 
     def commit(self, tree: Tree, path: torch.Tensor) -> None:

@@ -158,9 +158,8 @@ class NodeLogits:
     tree: Tree
     raw: torch.Tensor  # [n, vocab] raw target logits
     params: SamplingParams
-    output_counts: torch.Tensor  # [vocab] float, generated tokens before the root
+    output_counts: torch.Tensor  # [vocab] float, generated tokens so far (the root too, if generated)
     prompt_mask: torch.Tensor | None  # [vocab] bool
-    include_root: bool  # the root is a generated token: penalties count it
 
     @property
     def shape(self) -> torch.Size:
@@ -174,5 +173,5 @@ class NodeLogits:
         """[num_rows, vocab] generated-token counts on each node's path, or None without penalties."""
         if not self.params.uses_penalties:
             return None
-        counts = path_token_counts(self.tree, self.raw.shape[1], self.include_root, rows)
+        counts = path_token_counts(self.tree, self.raw.shape[1], rows)
         return counts.add_(self.output_counts[None])

@@ -13,10 +13,11 @@ from engine.model.runner import DecoderRunner
 from engine.offload.device import PhaseClock
 from engine.spec.budget import acceptance_curve, node_indicator
 from engine.spec.draft import Drafter, GrowLimits, grow_sampled_tree, grow_tree
+from engine.spec.logprobs import emitted_logprobs, unpack_logprobs
 from engine.spec.sampling import NodeLogits
 from engine.spec.tree import Tree, prefix_tree_mask
 from engine.spec.verify import Verdict, path_probabilities, verify_specinfer, verify_tree
-from engine.types import SamplingParams, StepStats
+from engine.types import SamplingParams, StepStats, TokenLogprob
 
 PREFILL_CHUNK = 512
 
@@ -29,10 +30,11 @@ class SequenceState:
     prompt_len: int
     params: SamplingParams
     generator: torch.Generator
-    output_counts: torch.Tensor  # [vocab] float, generated tokens so far (penalties)
+    output_counts: torch.Tensor  # [vocab] float, generated tokens so far, the root included (penalties)
     prompt_mask: torch.Tensor | None  # [vocab] bool, tokens of the prompt (repetition penalty)
     emitted: int = 0
     acceptance_curve: list[float] | None = None  # last step's E[accepted] per budget 1..n-1 (budget auto)
+    step_logprobs: list[TokenLogprob] | None = None  # last step's, one per new token (params.logprobs set)
 
     @property
     def root_id(self) -> int:
@@ -85,18 +87,17 @@ def verify_step(
     params: SamplingParams,
     output_counts: torch.Tensor,
     prompt_mask: torch.Tensor | None,
-    include_root: bool,
     generator: torch.Generator,
     track_acceptance: bool = False,
     rows_per_block: int | None = None,
 ) -> Verdict:
     """Process every node's logits from its own path, then verify. Pure: tensors in, verdict out.
 
-    logits: [n, vocab] raw target logits; output_counts: [vocab] generated tokens before the root;
-    include_root: the root is a generated token (not the prompt's last), so penalties count it;
-    track_acceptance: sampled verdicts carry node_log_probs (budget auto's curve). Rows are
+    logits: [n, vocab] raw target logits; output_counts: [vocab] counts of the generated tokens so
+    far, the root among them unless it is the prompt's last token (nodes below the root are added
+    per path); track_acceptance: sampled verdicts carry node_log_probs (budget auto's curve). Rows are
     processed in blocks of rows_per_block (None: LOGITS_BLOCK_BYTES per block)."""
-    nodes = NodeLogits(tree, logits, params, output_counts, prompt_mask, include_root)
+    nodes = NodeLogits(tree, logits, params, output_counts, prompt_mask)
     with_log_probs = track_acceptance and not params.greedy
     if tree.draft_probs is not None and not params.greedy:
         return verify_specinfer(tree, nodes, generator, rows_per_block, with_log_probs)
@@ -123,19 +124,23 @@ def run_step(ctx: StepContext, seq: SequenceState) -> tuple[list[int], StepStats
     clock.mark()
     logits = score_tree(ctx, tree)
     clock.mark()
-    include_root = len(seq.token_ids) > seq.prompt_len
     verdict = verify_step(
-        tree, logits, seq.params, seq.output_counts, seq.prompt_mask, include_root, seq.generator, ctx.track_acceptance
+        tree, logits, seq.params, seq.output_counts, seq.prompt_mask, seq.generator, ctx.track_acceptance
     )
     ctx.target_cache.commit(ctx.target_cache.length + verdict.path)
     ctx.drafter.commit(tree, verdict.path)
     num_new = verdict.path.shape[0]
     new_id_tensor = torch.cat([tree.token_ids[verdict.path[1:]], verdict.bonus_id.reshape(1)])  # [num_new]
+    token_lp = emitted_logprobs(tree, logits, seq.params, seq.output_counts, seq.prompt_mask,
+                                verdict.path, new_id_tensor)  # read before this step's counts are added
     seq.output_counts.index_add_(0, new_id_tensor, torch.ones(num_new, device=device))
-    summary = torch.cat([new_id_tensor.double(), step_curve(ctx, seq, tree, verdict).double()]).tolist()
+    curve = step_curve(ctx, seq, tree, verdict)
+    summary = torch.cat([new_id_tensor.double(), curve.double(), token_lp]).tolist()
     # ^ the step's last host sync (verification's path is the other)
     new_ids = [int(t) for t in summary[:num_new]]
-    seq.acceptance_curve = summary[num_new:] if ctx.track_acceptance else None
+    lp_begin = num_new + curve.shape[0]
+    seq.acceptance_curve = summary[num_new:lp_begin] if ctx.track_acceptance else None
+    seq.step_logprobs = unpack_logprobs(summary[lp_begin:], num_new) if seq.params.logprobs is not None else None
     seq.token_ids.extend(new_ids)
     draft_seconds, target_seconds = clock.seconds()
     stats = StepStats(

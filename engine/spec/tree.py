@@ -70,13 +70,12 @@ def causal_mask(num_tokens: int, start_slot: int, device: torch.device) -> torch
     return cols[None, :] <= rows[:, None]
 
 
-def path_token_counts(tree: Tree, vocab_size: int, include_root: bool, rows: slice = slice(None)) -> torch.Tensor:
-    """Counts of each token on the path of every node in `rows` (node included): [num_rows, vocab] float.
-
-    The root is counted only when it is a generated token (include_root)."""
+def path_token_counts(tree: Tree, vocab_size: int, rows: slice = slice(None)) -> torch.Tensor:
+    """Counts of each token on the path of every node in `rows`, below the root (node included):
+    [num_rows, vocab] float. The root is never counted: it is the sequence's last committed token,
+    which the sequence's own counts hold if it was generated."""
     on_path = tree.ancestors[rows].float()  # [num_rows, n]: row i has a 1 for each node on i's path
-    if not include_root:
-        on_path[:, 0] = 0.0
+    on_path[:, 0] = 0.0
     token_of = tree.token_ids[None, :].expand(on_path.shape[0], -1)  # [num_rows, n]: column j's token
     counts = torch.zeros(on_path.shape[0], vocab_size, device=on_path.device)
     return counts.scatter_add_(1, token_of, on_path)  # no nonzero(): no host sync

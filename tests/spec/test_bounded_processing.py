@@ -94,11 +94,11 @@ def inputs(seed: int, draft_vocab: int | None = None, num_nodes: int = NUM_NODES
     return tree, logits, counts, prompt_mask
 
 
-def reference_verify(tree, logits, params, output_counts, prompt_mask, include_root, generator):
+def reference_verify(tree, logits, params, output_counts, prompt_mask, generator):
     """Verification before blocks: (path, bonus, path probabilities or None when greedy)."""
     counts = None
     if params.uses_penalties:
-        counts = output_counts[None] + path_token_counts(tree, logits.shape[1], include_root)
+        counts = output_counts[None] + path_token_counts(tree, logits.shape[1])
     processed = process_logits(logits, params, counts, prompt_mask)  # [n, vocab]
     if tree.draft_probs is not None and not params.greedy:
         path, bonus = reference_specinfer(tree, processed, generator)
@@ -142,14 +142,12 @@ def reference_specinfer(tree, processed, generator):
     return torch.tensor(path), torch.multinomial(target, 1, generator=generator)[0]
 
 
-def check_same_as_reference(seed, params, rows_per_block, draft_vocab=None, include_root=True):
+def check_same_as_reference(seed, params, rows_per_block, draft_vocab=None):
     tree, logits, counts, prompt_mask = inputs(seed, draft_vocab)
     want_gen = torch.Generator().manual_seed(100 + seed)
-    want_path, want_bonus, want_probs = reference_verify(
-        tree, logits, params, counts, prompt_mask, include_root, want_gen
-    )
+    want_path, want_bonus, want_probs = reference_verify(tree, logits, params, counts, prompt_mask, want_gen)
     got_gen = torch.Generator().manual_seed(100 + seed)
-    verdict = verify_step(tree, logits, params, counts, prompt_mask, include_root, got_gen,
+    verdict = verify_step(tree, logits, params, counts, prompt_mask, got_gen,
                           track_acceptance=True, rows_per_block=rows_per_block)
     assert torch.equal(verdict.path, want_path)
     assert torch.equal(verdict.bonus_id, want_bonus)
@@ -164,7 +162,7 @@ def check_same_as_reference(seed, params, rows_per_block, draft_vocab=None, incl
 @pytest.mark.parametrize("rows_per_block", BLOCKS)
 @pytest.mark.parametrize("params", PARAMS, ids=PARAM_IDS)
 def test_specexec_blocks_give_todays_verdict(params, rows_per_block):
-    depths = [check_same_as_reference(seed, params, rows_per_block, include_root=seed % 2 == 0)
+    depths = [check_same_as_reference(seed, params, rows_per_block)
               for seed in range(12)]
     assert max(depths) >= 3  # some walks go deep
 
@@ -173,7 +171,7 @@ def test_specexec_blocks_give_todays_verdict(params, rows_per_block):
 @pytest.mark.parametrize("params", [PLAIN, ALL_OPTIONS], ids=["plain", "all-options"])
 @pytest.mark.parametrize("draft_vocab", [VOCAB, VOCAB - 8, VOCAB + 8], ids=["same", "smaller", "larger"])
 def test_specinfer_blocks_give_todays_verdict(params, rows_per_block, draft_vocab):
-    depths = [check_same_as_reference(seed, params, rows_per_block, draft_vocab, include_root=seed % 2 == 1)
+    depths = [check_same_as_reference(seed, params, rows_per_block, draft_vocab)
               for seed in range(12)]
     assert max(depths) >= 2
 
@@ -233,7 +231,7 @@ def test_memory_does_not_grow_with_the_tree(params, draft_vocab):
     tree, logits, counts, prompt_mask = inputs(3, draft_vocab, BIG_NODES, BIG_VOCAB)
     assert BIG_NODES * BIG_NODES < SMALL_BLOCK * BIG_VOCAB
     with AllocationRecorder() as blocked:
-        verify_step(tree, logits, params, counts, prompt_mask, True, torch.Generator().manual_seed(1),
+        verify_step(tree, logits, params, counts, prompt_mask, torch.Generator().manual_seed(1),
                     track_acceptance=True, rows_per_block=SMALL_BLOCK)
     op, shape, nbytes = blocked.largest()
     assert nbytes <= 2 * BLOCK_BYTES, (op, shape, nbytes)
@@ -241,7 +239,7 @@ def test_memory_does_not_grow_with_the_tree(params, draft_vocab):
     assert blocked.peak <= CPU_PEAK_BLOCKS * BLOCK_BYTES, blocked.peak / BLOCK_BYTES
     assert CPU_PEAK_BLOCKS < LOGITS_WORKSPACE_BLOCKS
     with AllocationRecorder() as whole:  # the recorder sees today's [n, vocab] temporaries
-        reference_verify(tree, logits, params, counts, prompt_mask, True, torch.Generator().manual_seed(1))
+        reference_verify(tree, logits, params, counts, prompt_mask, torch.Generator().manual_seed(1))
     assert whole.largest()[2] >= BIG_NODES * BIG_VOCAB * 4
     assert whole.peak >= 4 * BIG_NODES * BIG_VOCAB * 4
 

@@ -133,11 +133,10 @@ def test_ancestor_mask_spans_prefix_and_tree():
 
 def test_path_token_counts_follow_each_path():
     tree = hand_tree()
-    counts = path_token_counts(tree, 10, include_root=False)
+    counts = path_token_counts(tree, 10)
     assert counts[5].tolist()[:5] == [0, 1, 1, 0, 0]  # path 2 -> 1
     assert counts[3].tolist()[:5] == [0, 1, 0, 1, 0]
-    assert counts[0].sum() == 0
-    assert path_token_counts(tree, 10, include_root=True)[0, 9] == 1
+    assert counts[0].sum() == 0 and counts[:, 9].sum() == 0  # the root: the sequence's counts hold it
 
 
 def test_verify_walks_matching_children_greedy():

@@ -70,7 +70,7 @@ def speculative_continuation(make_tree, params: SamplingParams, gen: torch.Gener
     while len(tokens) < CONTINUATION:
         tree = make_tree(root, params, gen)
         logits = TARGET[tree.token_ids]  # [n, vocab]: the bigram target at every node
-        verdict = verify_step(tree, logits, params, counts, PROMPT_MASK, len(tokens) > 0, gen)
+        verdict = verify_step(tree, logits, params, counts, PROMPT_MASK, gen)  # counts: every generated token
         new_ids = [*tree.token_ids[verdict.path[1:]].tolist(), int(verdict.bonus_id)]
         tokens.extend(new_ids)
         counts.index_add_(0, torch.tensor(new_ids), torch.ones(len(new_ids)))
