@@ -10,6 +10,13 @@ request it sets a flag the engine reads between steps, so the request ends withi
 engine step and its state is freed. `abort_lag_steps` of the final report counts the
 engine steps finished after the abort call (at most 1: the step that was in flight).
 
+Shutdown: `drain(timeout)` refuses new requests, gives the waiting and running ones up to
+`timeout` seconds, then aborts the rest; `stop()` then ends the worker.
+
+Retry-After: the work ahead of a new request (running + waiting) times the mean request time, a
+conservative `DEFAULT_REQUEST_SECONDS` until a request has finished, never less than the time the
+running request has taken so far.
+
 Faults: an `EngineFault` (device-level: the engine maps CUDA runtime errors to it) marks the
 loop unhealthy and fails every request; any other exception fails its own request only and the
 loop goes on, `OutOfMemory` included (the engine freed that request's memory).
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +48,9 @@ log = logging.getLogger("specexec.loop")
 
 SCHEDULING_POLICY = "fifo"
 MAX_RUNNING = 1
+DEFAULT_REQUEST_SECONDS = 30.0  # assumed duration of a request before any has finished (over-estimate)
+MAX_RETRY_AFTER = 60  # seconds; the openai SDK ignores a longer Retry-After
+DRAIN_POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,7 @@ class _Job:
     abort_event: threading.Event = field(default_factory=threading.Event)
     num_steps: int = 0
     abort_step: int | None = None
+    started: float | None = None  # clock() when the worker took it
 
     def put(self, item: TokenDelta | BaseException) -> None:
         try:
@@ -109,6 +121,7 @@ class AsyncEngine:
         max_queue: int,
         on_delta: Callable[[TokenDelta], None] | None = None,
         on_finish: Callable[[JobReport], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         self.engine = engine
         self.max_queue = max_queue
@@ -120,8 +133,10 @@ class AsyncEngine:
         self._running: _Job | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._draining = False
         self._fault: BaseException | None = None
-        self._mean_seconds = 1.0  # EWMA of request durations, for Retry-After
+        self._clock = clock
+        self._mean_seconds: float | None = None  # EWMA of request durations (None: none finished yet)
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -141,7 +156,17 @@ class AsyncEngine:
         return self._fault
 
     def retry_after(self) -> int:
-        return max(1, min(60, round(self._mean_seconds * (self.queue_depth + 1))))
+        with self._wakeup:
+            return self._retry_after()
+
+    def _retry_after(self) -> int:
+        """Seconds until the work now queued is done: (running + waiting) x the mean request time.
+        The caller holds the lock."""
+        running, num_ahead = self._running, len(self._waiting) + self.num_running
+        per_request = DEFAULT_REQUEST_SECONDS if self._mean_seconds is None else self._mean_seconds
+        if running is not None and running.started is not None:
+            per_request = max(per_request, self._clock() - running.started)
+        return max(1, min(MAX_RETRY_AFTER, math.ceil(per_request * max(num_ahead, 1))))
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -161,15 +186,36 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    async def drain(self, timeout: float) -> int:
+        """Refuse new requests, wait up to `timeout` seconds for the waiting and running ones, then
+        abort the rest; returns how many were aborted. Their streams end at once with
+        FinishReason.ABORT: the running request's step in flight finishes in the worker, which goes
+        on (stop() ends it), but its client does not wait for that step (seconds when offloading)."""
+        with self._wakeup:
+            self._draining = True
+        deadline = time.monotonic() + timeout
+        while (self._waiting or self._running is not None) and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        with self._wakeup:
+            running, jobs = self._running, [*self._waiting]
+        for job in jobs:
+            self.abort(job.request.request_id)
+        if running is not None:
+            self.abort(running.request.request_id)
+            running.put(TokenDelta(running.request.request_id, [], FinishReason.ABORT))  # the worker's is unread
+        return len(jobs) + (running is not None)
+
     # -- API -----------------------------------------------------------------------------
     def submit(self, request: Request) -> DeltaStream:
         """Queue a request; raises QueueFull or EngineUnavailable at once (before any await)."""
         job = _Job(request, asyncio.get_running_loop())
         with self._wakeup:
+            if self._draining:
+                raise EngineUnavailable("the server is shutting down")
             if self._stopping or not self.healthy:
                 raise EngineUnavailable(str(self._fault) if self._fault else "engine loop is not running")
             if len(self._waiting) + self.num_running > self.max_queue:
-                raise QueueFull(self.max_queue, self.retry_after())
+                raise QueueFull(self.max_queue, self._retry_after())
             self._waiting.append(job)
             self._wakeup.notify()
         return DeltaStream(self, job)
@@ -203,11 +249,13 @@ class AsyncEngine:
             if self._stopping:
                 return None
             self._running = self._waiting.popleft()
+            self._running.started = self._clock()
             return self._running
 
     def _work(self) -> None:
         while (job := self._next_job()) is not None:
-            started = time.perf_counter()
+            started = job.started
+            assert started is not None  # set by _next_job
             try:
                 reason = self._run(job)
             except EngineFault as exc:
@@ -218,8 +266,9 @@ class AsyncEngine:
                 log.exception("request %s failed", job.request.request_id)
                 self._put_last(job, exc)
                 reason = FinishReason.ERROR
-            seconds = time.perf_counter() - started
-            self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * seconds
+            seconds = self._clock() - started
+            mean = self._mean_seconds
+            self._mean_seconds = seconds if mean is None else 0.8 * mean + 0.2 * seconds
             self._report(job, reason, seconds)
 
     def _run(self, job: _Job) -> FinishReason:

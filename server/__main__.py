@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, ConfigError, CheckpointError, ContextLengthError, OffloadError) as exc:
         print(f"specexec: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl+C before the server took over the signal (loading, imports)
+        return 130  # 128 + SIGINT
     except BrokenPipeError:  # `specexec generate ... | head`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
         return 141  # 128 + SIGPIPE, as shell tools report it

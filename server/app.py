@@ -2,7 +2,9 @@
 
 build_app(engine_config, server_config, engine=None): with `engine=None` the lifespan loads
 the engine in a thread, so /health answers 503 until it is ready; the lifespan starts and
-stops the AsyncEngine. Routes under /v1 need the API key when one is configured.
+stops the AsyncEngine. Routes under /v1 need the API key when one is configured; POST bodies
+must be JSON and Host names loopback unless configured otherwise (server/security.py), bodies are
+capped (server/limits.py), and a shutdown drains requests in flight (server/shutdown.py).
 A generation request: parse (server/protocol.py) -> prompt ids and max tokens
 (server/prompt.py) -> `to_sampling_params` -> `Generation`, streamed (server/sse.py) or
 collected (server/generation.py).
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,15 +23,20 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from engine.config import EngineConfig
-from engine.types import GenerationEngine
+from engine.types import GenerationEngine, SamplingParams
 from engine.types import Request as EngineRequest
+from server.choices import choice_request_id, start_choices
 from server.config import ServerConfig
 from server.detok import TextStream
 from server.errors import APIError, authentication_error, install_error_handlers
 from server.generation import Generation, collect_response
+from server.limits import read_body
+from server.logprobs import LogprobFormat, TokenTexts
 from server.metrics import CONTENT_TYPE
 from server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from server.responses import Envelope
+from server.security import HostCheckMiddleware, allowed_hosts, require_json
+from server.shutdown import DrainGate
 from server.sse import stream_response
 from server.state import EngineLoader, ServerState, default_loader
 
@@ -62,6 +68,7 @@ def build_app(
     app = FastAPI(title="SpecExec Server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specexec = state
     install_error_handlers(app)
+    app.add_middleware(DrainGate, state=state)  # middlewares added later wrap the earlier ones
     if server_config.cors_origins:
         origins = list(server_config.cors_origins)
         app.add_middleware(
@@ -72,7 +79,9 @@ def build_app(
             allow_headers=["*"],
             expose_headers=["x-request-id", "retry-after"],
         )
-    app.add_api_route("/health", health, methods=["GET"])
+    if (hosts := allowed_hosts(server_config)) is not None:
+        app.add_middleware(HostCheckMiddleware, allowed=hosts)
+    app.add_api_route("/health", health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(_v1_router())
     return app
@@ -99,8 +108,9 @@ def _v1_router() -> APIRouter:
     router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
     router.add_api_route("/models", list_models, methods=["GET"])
     router.add_api_route("/models/{model_id:path}", get_model, methods=["GET"])
-    router.add_api_route("/chat/completions", chat_completions, methods=["POST"])
-    router.add_api_route("/completions", completions, methods=["POST"])
+    json_body = [Depends(require_json)]  # after the API key check
+    router.add_api_route("/chat/completions", chat_completions, methods=["POST"], dependencies=json_body)
+    router.add_api_route("/completions", completions, methods=["POST"], dependencies=json_body)
     return router
 
 
@@ -113,21 +123,21 @@ async def metrics(request: Request) -> Response:
     return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "specexec"}
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "specexec"}
 
 
 async def list_models(request: Request) -> dict[str, Any]:
     state = _state(request)
     state.require_ready()
-    return {"object": "list", "data": [_model_card(state)]}
+    return {"object": "list", "data": [_model_card(state, name) for name in state.model_names]}
 
 
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     state = _state(request)
     state.require_ready()
     state.check_model(model_id)
-    return _model_card(state)
+    return _model_card(state, model_id)
 
 
 async def chat_completions(request: Request) -> Response:
@@ -149,14 +159,27 @@ async def _serve(request: Request, chat: bool) -> Response:
 
 
 async def _generate(request: Request, state: ServerState, chat: bool, endpoint: str) -> Response:
-    req = parse_request(await request.body(), ChatCompletionRequest if chat else CompletionRequest)
+    config = state.server_config
+    raw = await read_body(request, config.max_body_bytes, config.read_timeout)
+    # parsing, templates and tokenization of a large body take seconds: off the event loop
+    req = await asyncio.to_thread(parse_request, raw, ChatCompletionRequest if chat else CompletionRequest)
     async_engine, prompt = state.require_ready()
     state.check_model(req.model)
-    prompt_ids = prompt.prompt_ids(req)
+    plan = prompt.tool_plan(req)  # None: no tool calls to read (server/tools/plan.py)
+    prompt_ids = await asyncio.to_thread(prompt.prompt_ids, req, plan)
     params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
-    env = Envelope(chat, state.model_name, state.fingerprint)
-    text = TextStream(prompt.tokenizer, req.stop_strings())
-    gen = Generation(async_engine, EngineRequest(env.id, prompt_ids, params), text, state.metrics, endpoint)
+    env = Envelope(chat, state.response_model(req.model), state.fingerprint)
+    texts = None if params.logprobs is None else TokenTexts(prompt.tokenizer)
+
+    def start(index: int, choice: SamplingParams) -> Generation:
+        text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=None if plan is None else plan.drop_ids)
+        logprobs = None if texts is None else LogprobFormat(texts, chat)
+        tools = None if plan is None else plan.output(eager=bool(req.stream))
+        engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice)
+        return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,
+                          tools=tools)
+
+    gens = start_choices(req.n or 1, params, start)
     if req.stream:
-        return stream_response(gen, env, async_engine, req.include_usage, state.server_config.ping_seconds)
-    return await collect_response(request, gen, env)
+        return stream_response(gens, env, async_engine, req.include_usage, state.server_config.ping_seconds)
+    return await collect_response(request, gens, env)

@@ -13,6 +13,7 @@ from pathlib import Path
 from engine.config import require
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+TOOL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "none")  # server/tools/parsers.py
 API_KEY_ENV = "SPECEXEC_API_KEY"
 
 
@@ -23,13 +24,25 @@ class ServerConfig:
     api_key: str | None = None  # protects /v1/*; None: open (env SPECEXEC_API_KEY also works)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed; ("*",) allows any
     chat_template: str | None = None  # Jinja file overriding the tokenizer's chat_template
-    served_model_name: str | None = None  # model id over HTTP; default: the engine's model name
+    tool_parser: str = "auto"  # tool-call format; auto: from the chat template; none: no tool calls
+    # model ids over HTTP, all accepted, the first listed first by /v1/models (and echoed when a
+    # request names none); a string is one name; (): the engine's model name
+    served_model_name: tuple[str, ...] | str = ()
     ping_seconds: float = 5.0  # SSE `: ping` comment interval while a stream is open
     log_level: str = "info"
+    # Host header names accepted besides the loopback ones (localhost, 127.0.0.1, [::1]); ("*",): any.
+    # (): loopback names only while bound to a loopback address, any name otherwise
+    allowed_hosts: tuple[str, ...] = ()
+    max_body_bytes: int = 16 * 2**20  # larger request bodies get 413 (a 128k-token prompt is ~0.5-3 MB)
+    read_timeout: float = 10.0  # seconds to send the request headers, and most seconds of silence in a body
+    shutdown_timeout: float = 10.0  # seconds running requests get to finish after SIGTERM/SIGINT
 
     def __post_init__(self) -> None:
         if isinstance(self.cors_origins, list):
             object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
+        names = self.served_model_name
+        if not isinstance(names, tuple):
+            object.__setattr__(self, "served_model_name", (names,) if isinstance(names, str) else tuple(names or ()))
         require(isinstance(self.host, str) and bool(self.host), "server.host", "must be a non-empty string")
         require(
             isinstance(self.port, int) and not isinstance(self.port, bool) and 0 <= self.port <= 65535,
@@ -52,9 +65,10 @@ class ServerConfig:
             f"file not found: {self.chat_template!r}",
         )
         require(
-            self.served_model_name is None or bool(self.served_model_name),
+            all(isinstance(n, str) and n.strip() == n != "" for n in self.served_model_name)
+            and len(set(self.served_model_name)) == len(self.served_model_name),
             "server.served_model_name",
-            "must be a non-empty string",
+            f"must be distinct non-empty names without surrounding whitespace, got {self.served_model_name!r}",
         )
         require(
             isinstance(self.ping_seconds, (int, float)) and self.ping_seconds > 0,
@@ -62,6 +76,30 @@ class ServerConfig:
             f"must be > 0, got {self.ping_seconds!r}",
         )
         require(self.log_level in LOG_LEVELS, "server.log_level", f"must be one of {', '.join(LOG_LEVELS)}")
+        require(self.tool_parser in TOOL_PARSERS, "server.tool_parser", f"must be one of {', '.join(TOOL_PARSERS)}")
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        if isinstance(self.allowed_hosts, list):
+            object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
+        require(
+            all(isinstance(h, str) and h and h == h.strip() and "/" not in h for h in self.allowed_hosts),
+            "server.allowed_hosts",
+            f"must be a list of host names (no scheme or path), or '*', got {self.allowed_hosts!r}",
+        )
+        require(
+            isinstance(self.max_body_bytes, int) and not isinstance(self.max_body_bytes, bool)
+            and self.max_body_bytes >= 1024,
+            "server.max_body_bytes",
+            f"must be an integer >= 1024, got {self.max_body_bytes!r}",
+        )
+        for name, minimum in (("read_timeout", 0.1), ("shutdown_timeout", 0.0)):
+            value = getattr(self, name)
+            require(
+                isinstance(value, (int, float)) and not isinstance(value, bool) and value >= minimum,
+                f"server.{name}",
+                f"must be a number of seconds >= {minimum:g}, got {value!r}",
+            )
 
     def read_chat_template(self) -> str | None:
         if self.chat_template is None:

@@ -118,6 +118,34 @@ def engine_down(reason: str) -> APIError:
     return APIError(503, f"The engine is unavailable: {reason}", type="service_unavailable_error", code="engine_down")
 
 
+def shutting_down() -> APIError:
+    """A request refused, or cut off, because the server is shutting down (SIGTERM/SIGINT)."""
+    return APIError(503, "The server is shutting down. Retry against a running server.",
+                    type="service_unavailable_error", code="server_shutting_down", retry=True)
+
+
+def forbidden_host(host: str) -> APIError:
+    return APIError(403, f"The Host header {host!r} is not allowed: this server answers only to loopback names "
+                    "(localhost, 127.0.0.1, [::1]) unless started with --allowed-hosts.",
+                    type="permission_error", param="host", code="host_not_allowed")
+
+
+def unsupported_media_type(content_type: str | None) -> APIError:
+    got = f"got {content_type!r}" if content_type else "got none"
+    return APIError(415, f"Request bodies must be JSON: send `Content-Type: application/json` ({got}).",
+                    param="content-type", code="unsupported_media_type")
+
+
+def body_too_large(max_bytes: int) -> APIError:
+    return APIError(413, f"The request body is larger than the server's limit of {max_bytes} bytes "
+                    "(--max-body-mb).", code="request_too_large")
+
+
+def body_timeout(seconds: float) -> APIError:
+    return APIError(408, f"The request body stalled: no data for {seconds:g} seconds (--read-timeout).",
+                    code="request_timeout")
+
+
 def internal_error(exc: BaseException) -> APIError:
     return APIError(500, f"Internal error while generating: {type(exc).__name__}: {exc}", type="server_error",
                     code="internal_error")

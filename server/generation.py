@@ -17,11 +17,21 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
 from engine.async_engine import AsyncEngine
-from engine.types import EngineUnavailable, FinishReason, GenerationStats, QueueFull, Request
+from engine.types import (
+    EngineUnavailable,
+    FinishReason,
+    GenerationStats,
+    QueueFull,
+    Request,
+    TokenDelta,
+    TokenLogprob,
+)
 from server.detok import TextStream
-from server.errors import engine_down, generation_error, queue_full
+from server.errors import engine_down, generation_error, queue_full, shutting_down
+from server.logprobs import LogprobFormat
 from server.metrics import Metrics
 from server.responses import Envelope
+from server.tools.output import ToolOutput
 
 log = logging.getLogger("specexec.server")
 
@@ -34,14 +44,18 @@ class GenerationFailed(RuntimeError):
 
 class Generation:
     def __init__(self, async_engine: AsyncEngine, request: Request, text: TextStream, metrics: Metrics,
-                 endpoint: str):
+                 endpoint: str, *, logprobs: LogprobFormat | None = None, tools: ToolOutput | None = None):
         self.request = request
+        self.tools = tools  # None: plain text; else reads tool calls out of the text (server/tools/)
         self.text = text
         self.metrics = metrics
         self.endpoint = endpoint
         self.finish_reason: str | None = None
         self.totals: GenerationStats | None = None
         self._async_engine = async_engine
+        self._logprobs = logprobs  # None: not requested
+        self._logprob_ids: list[int] = []  # consumed tokens whose logprobs are not taken yet
+        self._logprob_entries: list[TokenLogprob] = []
         try:
             self._stream = async_engine.submit(request)  # raises before any byte is sent
         except QueueFull as exc:
@@ -78,7 +92,9 @@ class Generation:
             if delta.finish_reason is not None:
                 self.totals = delta.totals
             was_stopped = self.text.stopped
+            consumed = self.text.num_tokens
             piece = self.text.feed(delta.token_ids)
+            self._keep_logprobs(delta, self.text.num_tokens - consumed)
             if self.text.stopped and not was_stopped:
                 self._async_engine.abort(self.request_id)  # then drain: the final delta comes within one step
             if piece:
@@ -90,13 +106,32 @@ class Generation:
                 return
         raise GenerationFailed("the engine stream ended without a final delta")
 
+    def _keep_logprobs(self, delta: TokenDelta, num_consumed: int) -> None:
+        """The logprobs of the tokens the text consumed (up to a stop string's last token)."""
+        if self._logprobs is not None and delta.logprobs is not None:
+            self._logprob_ids.extend(delta.token_ids[:num_consumed])
+            self._logprob_entries.extend(delta.logprobs[:num_consumed])
+
+    def take_logprobs(self, empty_as_none: bool = False) -> dict[str, Any] | None:
+        """The logprobs object of the tokens consumed since the last call; None if not requested."""
+        if self._logprobs is None or (empty_as_none and not self._logprob_ids):
+            return None
+        ids, entries = self._logprob_ids, self._logprob_entries
+        self._logprob_ids, self._logprob_entries = [], []
+        return self._logprobs.format(ids, entries)
+
+    def cancel(self) -> None:
+        """Give up the request before reading it (another choice of the same response failed)."""
+        self._finish("abort")
+
     def _end(self, reason: FinishReason) -> str:
         """Set the finish reason; return the text held back until the end."""
         if self.text.stopped:
             self._finish("stop")
             return ""
-        if reason == FinishReason.ABORT:
-            raise GenerationFailed("the request was cancelled (server shutting down)")
+        if reason == FinishReason.ABORT:  # not asked for by this client: the server is shutting down
+            self._finish("abort")
+            raise shutting_down()
         if reason == FinishReason.ERROR:
             raise GenerationFailed("the engine reported an error")
         tail = self.text.finish()
@@ -111,44 +146,63 @@ class Generation:
         self.metrics.generation_tokens.inc(self.completion_tokens)
         self.metrics.requests.labels(self.endpoint, reason).inc()
 
-    def usage(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        }
-
     def timings(self) -> dict[str, Any]:
         return timings(self.totals, self.prompt_tokens, self.completion_tokens)
 
 
-async def collect_response(request: HTTPRequest, gen: Generation, env: Envelope) -> Response:
-    """Non-streaming: gather the text; a client that goes away aborts the engine request."""
-    parts: list[str] = []
+async def collect_response(request: HTTPRequest, gens: list[Generation], env: Envelope) -> Response:
+    """Non-streaming: gather each choice's text; a client that goes away, or a choice that fails,
+    aborts every engine request of the response."""
 
-    async def run() -> None:
-        async for piece in gen.pieces():
-            parts.append(piece)
+    async def run(gen: Generation) -> str:
+        return "".join([piece async for piece in gen.pieces()])
 
-    task = asyncio.ensure_future(run())
+    tasks = [asyncio.ensure_future(run(gen)) for gen in gens]
     try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
+        while not all(task.done() for task in tasks):
+            done, _ = await asyncio.wait(tasks, timeout=DISCONNECT_POLL_SECONDS,
+                                         return_when=asyncio.FIRST_EXCEPTION)
+            if any(not task.cancelled() and task.exception() is not None for task in done):
+                break
+            if await request.is_disconnected():
                 return Response(status_code=499)
-        task.result()
+        texts = [task.result() for task in tasks]  # raises the first failure
     except Exception as exc:
         error = generation_error(exc)
         if error.status == 500:
-            log.exception("request %s failed", gen.request_id)
+            log.exception("request %s failed", env.id)
         raise error from None
     finally:
-        if not task.done():
-            task.cancel()
-    assert gen.finish_reason is not None
-    body = env.completion("".join(parts), gen.finish_reason, gen.usage(), gen.timings())
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+    choices = []
+    for index, (gen, text) in enumerate(zip(gens, texts, strict=True)):
+        assert gen.finish_reason is not None
+        content, calls = (text, None) if gen.tools is None else gen.tools.message(text)
+        reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
+        choices.append(env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls))
+    body = env.completion(choices, choices_usage(gens), choices_timings(gens))
     return JSONResponse(body, headers={"x-request-id": env.id})
+
+
+def choices_usage(gens: list[Generation]) -> dict[str, int]:
+    """The response's usage: the prompt counted once (as OpenAI does for n > 1), completions summed."""
+    prompt_tokens = gens[0].prompt_tokens
+    completion_tokens = sum(gen.completion_tokens for gen in gens)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def choices_timings(gens: list[Generation]) -> dict[str, Any]:
+    """`timings` over every choice: each choice prefilled the prompt and decoded its own tokens."""
+    if len(gens) == 1:
+        return gens[0].timings()
+    total = GenerationStats()
+    for gen in gens:
+        for name, value in vars(gen.totals or GenerationStats()).items():
+            setattr(total, name, getattr(total, name) + value)
+    return timings(total, total.prompt_tokens, sum(gen.completion_tokens for gen in gens))
 
 
 def timings(totals: GenerationStats | None, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

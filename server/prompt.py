@@ -16,10 +16,17 @@ from server.protocol import (
     CompletionRequest,
     SamplingRequest,
     check_token_ids,
-    message_text,
 )
+from server.tools.detect import ToolSupport
+from server.tools.plan import ToolPlan, plan_tools
+from server.tools.render import conversation
 
 log = logging.getLogger("specexec.server")
+
+# A token covers at most as many characters as its vocabulary entry is long (byte-level BPE:
+# one character per byte; SentencePiece: one per character); x2 leaves room for normalizers
+# that merge characters. Longer prompts cannot fit the context: refused before tokenizing.
+CHARS_PER_TOKEN_MARGIN = 2
 
 # Used only when neither the tokenizer nor --chat-template provides a template.
 FALLBACK_CHAT_TEMPLATE = (
@@ -37,35 +44,47 @@ class PromptBuilder:
         default_max_tokens: int,
         validate: Callable[[int, int], None],
         chat_template: str | None = None,
+        tool_parser: str = "auto",
     ):
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.default_max_tokens = default_max_tokens
         self._validate = validate
         self.vocab_size = len(tokenizer)
+        self.max_prompt_chars = max_context * longest_token_chars(tokenizer) * CHARS_PER_TOKEN_MARGIN
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
         if not self.chat_template:
             log.warning("the tokenizer has no chat_template and none was given: using a plain fallback")
             self.chat_template = FALLBACK_CHAT_TEMPLATE
+        self.tools = ToolSupport.detect(tokenizer, self.chat_template, tool_parser)
+        log.info("chat template: %s", self.tools.describe())
 
-    def render_chat(self, messages: list[ChatMessage]) -> str:
-        conversation = [{"role": m.role, "content": message_text(m)} | ({"name": m.name} if m.name else {})
-                        for m in messages]
+    def tool_plan(self, request: SamplingRequest) -> ToolPlan | None:
+        """How a chat request's tools are served (None: plain text); a 400 for a tool_choice the
+        model cannot honour."""
+        return plan_tools(self.tools, request) if isinstance(request, ChatCompletionRequest) else None
+
+    def render_chat(self, messages: list[ChatMessage], plan: ToolPlan | None = None) -> str:
+        """The prompt text; with a tool plan, the tools rendered and the plan's prefill appended."""
+        tools = {"tools": plan.tools} if plan is not None else {}
         try:
-            return self.tokenizer.apply_chat_template(
-                conversation, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
+            text = self.tokenizer.apply_chat_template(
+                conversation(messages, self.tools.format), chat_template=self.chat_template,
+                add_generation_prompt=True, tokenize=False, **tools,
             )
         except jinja2.TemplateError as exc:
             raise invalid_request(f"The chat template rejected the messages: {exc}", "messages") from None
+        return text + (plan.prefill if plan is not None else "")
 
-    def prompt_ids(self, request: SamplingRequest) -> list[int]:
+    def prompt_ids(self, request: SamplingRequest, plan: ToolPlan | None = None) -> list[int]:
         if isinstance(request, ChatCompletionRequest):
-            return self.chat_ids(request.messages)
+            return self.chat_ids(request.messages, plan)
         assert isinstance(request, CompletionRequest)
         return self.completion_ids(request)
 
-    def chat_ids(self, messages: list[ChatMessage]) -> list[int]:
-        text = self.render_chat(messages)
+    def chat_ids(self, messages: list[ChatMessage], plan: ToolPlan | None = None) -> list[int]:
+        text = self.render_chat(messages, plan)
+        self.check_chars(text, "messages")
         # the template spells out special tokens (BOS etc.) itself
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
@@ -74,9 +93,18 @@ class PromptBuilder:
         if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
             value = value[0]
         if isinstance(value, str):
+            self.check_chars(value, "prompt")
             return list(self.tokenizer.encode(value, add_special_tokens=True))
         check_token_ids(value, self.vocab_size, "prompt")
         return list(value)
+
+    def check_chars(self, text: str, param: str) -> None:
+        """A 400 context_length_exceeded for text too long to fit the context, without tokenizing it."""
+        if len(text) > self.max_prompt_chars:
+            raise invalid_request(
+                f"This model's maximum context length is {self.max_context} tokens, and the prompt has "
+                f"{len(text)} characters: more than {self.max_prompt_chars} characters cannot fit into it.",
+                param, "context_length_exceeded")
 
     def max_tokens(self, request: SamplingRequest, prompt_len: int) -> int:
         """The completion budget; a ContextLengthError becomes a 400 context_length_exceeded."""
@@ -91,3 +119,7 @@ class PromptBuilder:
             raise context_length_error(exc, param) from None
         return requested
 
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """The longest vocabulary entry (added tokens included), in characters."""
+    return max(map(len, tokenizer.get_vocab()), default=1)

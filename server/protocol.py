@@ -3,23 +3,24 @@ request -> `SamplingParams` conversion (`to_sampling_params`).
 
 Requests are validated strictly (a string is not a number, a float is not an integer);
 unknown fields are ignored. A supported-but-unimplemented option with a value that matters
-(`n > 1`, `logprobs`, tools, ...) is a 400 naming it, never silently ignored.
+(`best_of > 1`, `echo`, ...) is a 400 naming it, never silently ignored.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.types import SamplingParams
+from engine.types import SamplingParams, SamplingParamsError
 from server.errors import APIError, invalid_request, unsupported
+from server.json_body import load_json_object
 
 MAX_STOP_STRINGS = 32
 MAX_LOGIT_BIAS = 100  # |bias| bound, as OpenAI
 SEED_MODULUS = 2**63  # seeds are reduced into the engine's non-negative int64 range
+MAX_CHOICES = 8  # the largest `n` (each choice is one engine request)
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -37,10 +38,46 @@ class ContentPart(_Model):
     text: str | None = None
 
 
+class FunctionCall(_Model):
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; an object is accepted too
+
+
+class ToolCall(_Model):
+    """A call of a past assistant message."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Model):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this message answers
+
+
+class FunctionDefinition(_Model):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Model):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Model):
+    name: str
+
+
+class NamedToolChoice(_Model):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class SamplingRequest(_Model):
@@ -71,6 +108,10 @@ class SamplingRequest(_Model):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def num_logprobs(self) -> int | None:
+        """Alternatives per token for the engine's `logprobs` (0: the chosen token's only); None: off."""
+        return None
+
     def stop_strings(self) -> list[str]:
         if self.stop is None:
             return []
@@ -89,7 +130,7 @@ class SamplingRequest(_Model):
             top_p, top_k = 1.0, 1
         stop_token_ids = tuple(self.stop_token_ids or ())
         check_token_ids(stop_token_ids, vocab_size, "stop_token_ids")
-        return SamplingParams(
+        return checked_sampling_params(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=top_p,
             top_k=top_k,
@@ -102,6 +143,7 @@ class SamplingRequest(_Model):
             max_tokens=max_tokens,
             stop_token_ids=stop_token_ids,
             ignore_eos=bool(self.ignore_eos),
+            logprobs=self.num_logprobs(),
         )
 
     def _token_logit_bias(self, vocab_size: int) -> dict[int, float]:
@@ -119,13 +161,22 @@ class SamplingRequest(_Model):
         return out
 
 
+def checked_sampling_params(**fields: Any) -> SamplingParams:
+    """SamplingParams(**fields); a value the engine refuses (out of its range) is a 400 naming the field."""
+    try:
+        return SamplingParams(**fields)
+    except SamplingParamsError as exc:
+        raise invalid_request(f"{exc}.", exc.field, "invalid_value") from None
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto
+    parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
 
@@ -134,20 +185,27 @@ class ChatCompletionRequest(SamplingRequest):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
 
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = False
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
-    logprobs: int | None = Field(None, ge=0, le=5)
+    logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI allows 5; vLLM 20
 
     prompt_param: ClassVar[str] = "prompt"
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 _FIELD_NAMES = {
     name
-    for cls in (ChatCompletionRequest, CompletionRequest, ChatMessage, ContentPart, StreamOptions)
+    for cls in (ChatCompletionRequest, CompletionRequest, ChatMessage, ContentPart, StreamOptions, ToolCall,
+                FunctionCall, ToolDefinition, FunctionDefinition, NamedToolChoice)
     for name in cls.model_fields
 }
 
@@ -156,12 +214,7 @@ RequestT = TypeVar("RequestT", bound=SamplingRequest)
 
 def parse_request(raw: bytes, cls: type[RequestT]) -> RequestT:
     """JSON bytes -> validated request, or a 400 naming the offending field."""
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid_request(f"We could not parse the JSON body of your request: {exc}") from None
-    if not isinstance(body, dict):
-        raise invalid_request("The request body must be a JSON object.")
+    body = load_json_object(raw)
     try:
         request = cls.model_validate(body)
     except ValidationError as exc:
@@ -190,8 +243,8 @@ def error_param(loc: tuple[int | str, ...]) -> str:
 
 
 def check_supported(request: SamplingRequest) -> None:
-    if request.n is not None and request.n > 1:
-        raise unsupported("n", "Only n=1 is supported.")
+    if request.n is not None and request.n > MAX_CHOICES:
+        raise invalid_request(f"n must be at most {MAX_CHOICES}, got {request.n}.", "n", "invalid_value")
     if request.stream_options is not None and not request.stream:
         raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                               "stream_options")
@@ -207,10 +260,9 @@ def check_supported(request: SamplingRequest) -> None:
 
 
 def _check_chat(request: ChatCompletionRequest) -> None:
-    if request.logprobs or request.top_logprobs:
-        raise unsupported("logprobs", "logprobs are not supported by this server.")
-    if request.tools and request.tool_choice != "none":
-        raise unsupported("tools", "Tool calling is not supported by this server.")
+    if request.top_logprobs is not None and not request.logprobs:
+        raise invalid_request("'top_logprobs' needs 'logprobs' set to true.", "top_logprobs")
+    _check_tool_choice(request)
     if request.functions:
         raise unsupported("functions", "Function calling is not supported by this server.")
     if request.response_format and request.response_format.get("type", "text") != "text":
@@ -223,6 +275,20 @@ def _check_chat(request: ChatCompletionRequest) -> None:
                                       f"Only text content parts are supported, got type '{part.type}'.")
 
 
+def _check_tool_choice(request: ChatCompletionRequest) -> None:
+    """`tool_choice` "required" or a named function needs tools (and that function among them);
+    whether the model can call tools is checked with the model (server/tools/plan.py)."""
+    choice = request.tool_choice
+    if choice in (None, "auto", "none"):
+        return
+    names = [tool.function.name for tool in request.tools or []]
+    if not names:
+        raise invalid_request("tool_choice requires 'tools' to be given.", "tool_choice")
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        raise invalid_request(f"tool_choice names the function '{choice.function.name}', which is not in "
+                              "'tools'.", "tool_choice")
+
+
 def _check_completion(request: CompletionRequest) -> None:
     if request.echo:
         raise unsupported("echo", "echo is not supported by this server.")
@@ -230,8 +296,6 @@ def _check_completion(request: CompletionRequest) -> None:
         raise unsupported("best_of", "Only best_of=1 is supported.")
     if request.suffix:
         raise unsupported("suffix", "suffix (fill-in-the-middle) is not supported by this server.")
-    if request.logprobs:
-        raise unsupported("logprobs", "logprobs are not supported by this server.")
     prompt = request.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) and len(prompt) > 1:
         raise unsupported("prompt", "Only one prompt per request is supported.")

@@ -39,31 +39,41 @@ class Envelope:
             "system_fingerprint": self.fingerprint,
         }
 
-    def completion(self, text: str, finish_reason: str, usage: dict[str, int],
-                   timings: dict[str, Any]) -> dict[str, Any]:
+    def choice(self, index: int, text: str | None, finish_reason: str, logprobs: dict[str, Any] | None = None,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """One entry of a response's `choices` (chat: `message.tool_calls` when calls were made)."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
-            head = self._head("chat.completion")
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tool_calls is not None:
+                message["tool_calls"] = tool_calls
+            choice = {"index": index, "message": message}
         else:
-            choice = {"index": 0, "text": text}
-            head = self._head("text_completion")
-        choice |= {"logprobs": None, "finish_reason": finish_reason}
-        return head | {"choices": [choice], "usage": usage, "timings": timings}
+            choice = {"index": index, "text": text}
+        return choice | {"logprobs": logprobs, "finish_reason": finish_reason}
+
+    def completion(self, choices: list[dict[str, Any]], usage: dict[str, int],
+                   timings: dict[str, Any]) -> dict[str, Any]:
+        head = self._head("chat.completion" if self.chat else "text_completion")
+        return head | {"choices": choices, "usage": usage, "timings": timings}
 
     def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
-              timings: dict[str, Any] | None = None) -> dict[str, Any]:
+              timings: dict[str, Any] | None = None, index: int = 0,
+              logprobs: dict[str, Any] | None = None,
+              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
+            if tool_calls is not None:
+                delta["tool_calls"] = tool_calls
+            choice: dict[str, Any] = {"index": index, "delta": delta}
             head = self._head("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text or ""}
+            choice = {"index": index, "text": text or ""}
             head = self._head("text_completion")
-        choice |= {"logprobs": None, "finish_reason": finish_reason}
+        choice |= {"logprobs": logprobs, "finish_reason": finish_reason}
         out = head | {"choices": [choice]}
         if timings is not None:
             out["timings"] = timings

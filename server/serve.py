@@ -8,13 +8,14 @@ import sys
 from typing import Any
 
 from engine.config import EngineConfig, build_section
-from server.config import LOG_LEVELS, ServerConfig, api_key_from_env
+from server.config import LOG_LEVELS, TOOL_PARSERS, ServerConfig, api_key_from_env
 
 log = logging.getLogger("specexec.server")
 
 # flag dest -> ServerConfig field (the same name: every flag is a [server] key)
-SERVER_FIELDS = ("host", "port", "api_key", "cors_origins", "chat_template", "served_model_name",
-                 "ping_seconds", "log_level")
+SERVER_FIELDS = ("host", "port", "api_key", "cors_origins", "chat_template", "tool_parser", "served_model_name",
+                 "ping_seconds", "log_level", "allowed_hosts", "read_timeout", "shutdown_timeout")
+MIB = 2**20
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,11 +28,26 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cors-origins", default=None,
                        help="comma-separated browser origins allowed to call the API, or '*'")
     group.add_argument("--chat-template", default=None, help="Jinja file overriding the tokenizer's chat template")
-    group.add_argument("--served-model-name", default=None,
-                       help="model id shown by /v1/models and required in requests (default: model name)")
+    group.add_argument("--tool-parser", default=None, choices=TOOL_PARSERS,
+                       help="tool-call format of the model's output (default auto: recognised from the chat "
+                            "template); none: tools are ignored and replies are plain text")
+    group.add_argument("--served-model-name", default=None, nargs="+", metavar="NAME",
+                       help="model ids accepted in requests (space- or comma-separated); the first is listed "
+                            "first by /v1/models (default: the model name)")
     group.add_argument("--ping-seconds", type=float, default=None,
                        help="interval of SSE ': ping' keep-alive comments (default 5)")
     group.add_argument("--log-level", default=None, choices=LOG_LEVELS, help="uvicorn log level (default info)")
+    group.add_argument("--allowed-hosts", default=None,
+                       help="comma-separated Host header names accepted besides localhost/127.0.0.1/[::1], or "
+                            "'*' for any (default: loopback names only when bound to loopback, any otherwise)")
+    group.add_argument("--max-body-mb", type=float, default=None,
+                       help="largest request body in MiB; larger ones get 413 (default 16; config: max_body_bytes)")
+    group.add_argument("--read-timeout", type=float, default=None,
+                       help="seconds a client may take to send request headers, and may stall within a body "
+                            "(default 10)")
+    group.add_argument("--shutdown-timeout", type=float, default=None,
+                       help="seconds running requests get to finish after SIGTERM/SIGINT before they are "
+                            "ended (default 10)")
 
 
 def server_config_from(args: argparse.Namespace | None, toml_section: dict | None,
@@ -43,8 +59,13 @@ def server_config_from(args: argparse.Namespace | None, toml_section: dict | Non
         if value is None:
             continue
         values[name] = value
-    if "cors_origins" in values and isinstance(values["cors_origins"], str):
-        values["cors_origins"] = [o.strip() for o in values["cors_origins"].split(",") if o.strip()]
+    if isinstance(getattr(args, "served_model_name", None), list):
+        values["served_model_name"] = [n.strip() for arg in args.served_model_name for n in arg.split(",") if n.strip()]
+    for name in ("cors_origins", "allowed_hosts"):
+        if name in values and isinstance(values[name], str):
+            values[name] = [o.strip() for o in values[name].split(",") if o.strip()]
+    if getattr(args, "max_body_mb", None) is not None:
+        values["max_body_bytes"] = round(args.max_body_mb * MIB)
     if values.get("api_key") is None and (env_key := api_key_from_env()) is not None:
         values["api_key"] = env_key
     return build_section(ServerConfig, values, "server", source)
@@ -55,6 +76,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None
     import uvicorn
 
     from server.app import build_app
+    from server.http_protocol import h11_protocol_with_header_timeout
+    from server.shutdown import DrainingServer
 
     level = "DEBUG" if server_config.log_level == "trace" else server_config.log_level.upper()
     logging.basicConfig(level=level, format="%(levelname)s:     %(name)s: %(message)s")
@@ -72,9 +95,10 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None
         host=server_config.host,
         port=server_config.port,
         log_level=server_config.log_level,
-        timeout_graceful_shutdown=5,
+        http=h11_protocol_with_header_timeout(server_config.read_timeout),
+        timeout_graceful_shutdown=5,  # after the drain (server/shutdown.py), for connections still open
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app.state.specexec, server_config.shutdown_timeout)
     server.run()
     if failed:
         print(f"specexec serve: loading the engine failed: {failed[0]}", file=sys.stderr)

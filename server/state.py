@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from engine.async_engine import AsyncEngine
@@ -39,18 +40,32 @@ class ServerState:
         self._chat_template = server_config.read_chat_template()
         spec = engine_config.speculation
         self.fingerprint = f"fp_specexec_{spec.method}_{spec.budget}"
+        self.created = int(time.time())  # /v1/models `created`: fixed for the life of the process
+        self.draining = False  # set on SIGTERM/SIGINT: new requests get 503 (server/shutdown.py)
+        self.in_flight = 0  # HTTP requests being answered (counted by server/shutdown.py's DrainGate)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every id a request may name; the first is the one /v1/models lists first."""
+        if self.server_config.served_model_name:
+            return self.server_config.served_model_name
+        return (self.engine.model_name,) if self.engine is not None else ()
 
     @property
     def model_name(self) -> str:
-        if self.server_config.served_model_name:
-            return self.server_config.served_model_name
-        return self.engine.model_name if self.engine is not None else ""
+        return self.model_names[0] if self.model_names else ""
+
+    def response_model(self, requested: str | None) -> str:
+        """The `model` of a response: the id the request named (checked already), else the first."""
+        return requested if requested is not None else self.model_name
 
     @property
     def ready(self) -> bool:
         return self.async_engine is not None and self.async_engine.healthy
 
     def status(self) -> tuple[int, dict[str, str]]:
+        if self.draining:
+            return 503, {"status": "shutting_down"}
         if self.ready:
             return 200, {"status": "ok"}
         if self.load_error is not None:
@@ -69,7 +84,8 @@ class ServerState:
         return self.async_engine, self.prompt
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        """An omitted model means the served one (as llama.cpp and vLLM do); an unknown id is a 404."""
+        if model is not None and model not in self.model_names:
             raise model_not_found(model)
 
     async def load(self, loader: EngineLoader) -> None:
@@ -90,6 +106,7 @@ class ServerState:
             default_max_tokens=self.engine_config.limits.default_max_tokens,
             validate=engine.validate_request,
             chat_template=self._chat_template,
+            tool_parser=self.server_config.tool_parser,
         )
         max_queue = self.engine_config.limits.max_queue
         async_engine = AsyncEngine(engine, max_queue, on_delta=self.metrics.observe_delta,

@@ -37,15 +37,16 @@ def bad_inputs(model: str) -> list[tuple[str, str, object, int, str | None]]:
         ("POST", CHAT, {**chat, "top_p": 1.5}, 400, "top_p"),
         ("POST", CHAT, {**chat, "max_tokens": 0}, 400, "max_tokens"),
         ("POST", CHAT, {**chat, "max_tokens": "ten"}, 400, "max_tokens"),
-        ("POST", CHAT, {**chat, "n": 3}, 400, "n"),
+        ("POST", CHAT, {**chat, "n": 9}, 400, "n"),
         ("POST", CHAT, {**chat, "stop": [1, 2]}, 400, "stop"),
         ("POST", CHAT, {**chat, "presence_penalty": 7}, 400, "presence_penalty"),
         ("POST", CHAT, {**chat, "logit_bias": {"abc": 1}}, 400, "logit_bias"),
         ("POST", CHAT, {**chat, "logit_bias": {"999999": 1}}, 400, "logit_bias"),
         ("POST", CHAT, {**chat, "stream": "yes"}, 400, "stream"),
         ("POST", CHAT, {**chat, "stream_options": {"include_usage": True}}, 400, "stream_options"),
-        ("POST", CHAT, {**chat, "logprobs": True}, 400, "logprobs"),
-        ("POST", CHAT, {**chat, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ("POST", CHAT, {**chat, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+        ("POST", CHAT, {**chat, "tools": [{"type": "function", "function": {"name": "f"}}],
+                        "tool_choice": "required"}, 400, "tool_choice"),  # the tiny template renders no tools
         ("POST", CHAT, {**chat, "seed": "abc"}, 400, "seed"),
         ("POST", CHAT, {**chat, "model": "no-such-model"}, 404, "model_not_found"),
         ("POST", CHAT, {**chat, "messages": [{"role": "user", "content": "word " * 600}]}, 400,
@@ -68,7 +69,8 @@ def test_bad_input_matrix(live_server, model_id: str) -> None:
     cases = bad_inputs(model_id)
     with httpx.Client(base_url=live_server.url, timeout=60) as http:
         for method, path, body, status, expected in cases:
-            kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+            json_type = {"content-type": "application/json"}  # raw bytes: JSON that does not parse
+            kwargs = {"content": body, "headers": json_type} if isinstance(body, bytes) else {"json": body}
             response = http.request(method, path, **({} if body is None else kwargs))
             label = f"{method} {path} {body!r:.80}"
             assert response.status_code == status, f"{label}: {response.status_code} {response.text}"
