@@ -17,14 +17,13 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
-from engine.config import EngineConfig, LimitsConfig, SpeculationConfig
+from engine.config import EngineConfig, SpeculationConfig
 from engine.model import checkpoint, faults, memory, memory_plan
 from engine.model.kv_cache import KVCache
+from engine.model.pair import LoadedPair, load_pair
 from engine.model.runner import DecoderRunner
 from engine.offload.device import synchronize_stream
 from engine.spec.budget import BudgetTracker, calibration_budgets
@@ -32,7 +31,6 @@ from engine.spec.draft import Drafter
 from engine.spec.sampling import logits_workspace_bytes, make_generator
 from engine.spec.step import PREFILL_CHUNK, SequenceState, StepContext, prefill, run_step
 from engine.types import (
-    CheckpointError,
     ConfigError,
     ContextLengthError,
     EngineFault,
@@ -46,75 +44,7 @@ from engine.types import (
 
 log = logging.getLogger("specexec.engine")
 
-DEFAULT_MAX_CONTEXT = 8192
 CALIBRATION_TEXT = "def main(argv):\n    for index, value in enumerate(argv):\n        print(index, value)\n"
-
-
-@dataclass
-class LoadedPair:
-    target: DecoderRunner
-    draft: DecoderRunner | None
-    tokenizer: PreTrainedTokenizerBase | None
-    eos_token_ids: frozenset[int]
-    max_context: int
-
-
-def load_pair(config: EngineConfig) -> LoadedPair:
-    model_cfg = config.model
-    device = checkpoint.resolve_device(model_cfg.device)
-    target_config = checkpoint.read_config(model_cfg.target)
-    limit = max_context_for(config.limits, target_config, model_cfg.target)  # before any weights load
-    dtype = checkpoint.resolve_dtype(model_cfg.dtype, device, target_config)
-    tokenizer = checkpoint.load_tokenizer(model_cfg.target)
-    needs_draft = config.speculation.method != "autoregressive"
-    if needs_draft:
-        if not model_cfg.draft:
-            raise CheckpointError(f"method {config.speculation.method} needs a draft model (--draft)")
-        checkpoint.read_config(model_cfg.draft)
-        checkpoint.check_vocab(model_cfg.target, tokenizer, model_cfg.draft, checkpoint.load_tokenizer(model_cfg.draft))
-    target_model = checkpoint.load_model(model_cfg.target, dtype)
-    target = build_target_runner(target_model, config, device)
-    draft = None
-    if needs_draft:
-        draft = DecoderRunner(checkpoint.load_model(model_cfg.draft, dtype, device))
-    eos = checkpoint.eos_token_ids(target_model, tokenizer)
-    return LoadedPair(target, draft, tokenizer, eos, limit)
-
-
-def trained_positions(target_config: dict) -> int | None:
-    """Positions the target was trained for (config.json): max_position_embeddings, or a rope
-    scaling's original length x factor when larger (YaRN-style configs keep the original there)."""
-    trained = target_config.get("max_position_embeddings")
-    rope = target_config.get("rope_scaling") or target_config.get("rope_parameters") or {}
-    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
-    if isinstance(trained, int) and isinstance(factor, int | float) and isinstance(original, int):
-        trained = max(trained, int(original * factor))
-    return trained if isinstance(trained, int) else None
-
-
-def max_context_for(limits: LimitsConfig, target_config: dict, target_path: str) -> int:
-    """limits.max_context, or the trained positions capped at DEFAULT_MAX_CONTEXT. Raises ConfigError
-    for a max_context past the trained positions unless limits.allow_long_context."""
-    trained = trained_positions(target_config)
-    if limits.max_context is None:
-        return min(trained or DEFAULT_MAX_CONTEXT, DEFAULT_MAX_CONTEXT)
-    if trained is not None and limits.max_context > trained and not limits.allow_long_context:
-        raise ConfigError("limits.max_context", (
-            f"{limits.max_context} is beyond the {trained} positions the target {target_path!r} was trained "
-            "for (max_position_embeddings in its config.json): rotary position embeddings past the trained "
-            f"range degrade the output. Lower --max-context to {trained} or less, or pass --allow-long-context "
-            "(limits.allow_long_context = true) to run anyway"
-        ))
-    return limits.max_context
-
-
-def build_target_runner(model: torch.nn.Module, config: EngineConfig, device: torch.device) -> DecoderRunner:
-    """Resident target, or layers streamed by the offload streamer."""
-    if not config.offload.enabled:
-        return DecoderRunner(model.to(device))
-    from engine.offload.build import build_offloaded_runner
-
-    return build_offloaded_runner(model, config, device)
 
 
 class Engine:

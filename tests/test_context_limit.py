@@ -10,7 +10,8 @@ import pytest
 
 from engine.cli import add_engine_arguments, engine_config_from_args
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, engine_config_from
-from engine.runtime import Engine, trained_positions
+from engine.model.pair import trained_positions
+from engine.runtime import Engine
 from engine.types import ConfigError
 from tests.helpers.tiny_models import make_tiny_pair
 

@@ -10,7 +10,7 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig, SpeculationConfig
 from engine.model import checkpoint
-from engine.runtime import load_pair
+from engine.model.pair import load_pair
 from tests.helpers.tiny_models import make_tiny_pair
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
