@@ -145,10 +145,12 @@ class FakeServer:
         return self.app.state.specexec
 
 
-def _run_uvicorn(app: Any, port: int) -> tuple[Any, threading.Thread]:
+def run_uvicorn(app: Any, port: int, **config_fields: Any) -> tuple[Any, threading.Thread]:
+    """uvicorn serving `app` on 127.0.0.1:`port` in a daemon thread, started (config_fields: uvicorn.Config's)."""
     import uvicorn
 
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2)
+    config_fields = {"log_level": "warning", "timeout_graceful_shutdown": 2, **config_fields}
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, **config_fields)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -173,7 +175,7 @@ def fake_server() -> Iterator[Callable[..., FakeServer]]:
         else:
             engine = engine or FakeEngine()
             app = build_app(engine_config, server_config, engine)
-        server, thread = _run_uvicorn(app, port)
+        server, thread = run_uvicorn(app, port)
         fake = FakeServer(f"http://127.0.0.1:{port}", engine, app, server, thread)
         running.append(fake)
         return fake

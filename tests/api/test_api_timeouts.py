@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from engine.config import EngineConfig, LimitsConfig
 from server.app import build_app
 from server.config import ServerConfig
 from server.http_protocol import h11_protocol_with_header_timeout
-from tests.api.conftest import free_port
+from tests.api.conftest import free_port, run_uvicorn
 from tests.helpers.fake_engine import FakeEngine
 
 PARTIAL = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl"
@@ -47,14 +45,7 @@ def closed_after(port: int, first: bytes, limit: float, trickle: bool = False) -
 def timed_server() -> Iterator[int]:
     port = free_port()
     app = build_app(EngineConfig(limits=LimitsConfig(max_queue=4)), ServerConfig(port=port), FakeEngine())
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            http=h11_protocol_with_header_timeout(1.0))
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
+    server, thread = run_uvicorn(app, port, http=h11_protocol_with_header_timeout(1.0))
     yield port
     server.should_exit = True
     thread.join(15)

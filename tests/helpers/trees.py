@@ -16,3 +16,12 @@ def ancestors_and_depths(parents: list[int]) -> tuple[torch.Tensor, torch.Tensor
             ancestors[node] |= ancestors[parent]
             depths[node] = depths[parent] + 1
     return ancestors, depths
+
+
+def path_of(parents: list[int], node: int) -> list[int]:
+    """Node indices from the root to `node`."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]

@@ -22,7 +22,7 @@ from engine.model.runner import (
 )
 from engine.spec.tree import causal_mask, prefix_tree_mask
 from tests.helpers.tiny_models import tiny_config
-from tests.helpers.trees import ancestors_and_depths
+from tests.helpers.trees import ancestors_and_depths, path_of
 
 ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
 VOCAB = 300
@@ -50,14 +50,6 @@ def build(arch: str, kv_heads: int, window: int | None) -> torch.nn.Module:
 def tree_inputs() -> tuple[torch.Tensor, torch.Tensor]:
     """(ancestors [n, n] bool, depths [n]) of the PARENTS tree."""
     return ancestors_and_depths(PARENTS)
-
-
-def path_of(node: int) -> list[int]:
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = PARENTS[node]
-    return path[::-1]
 
 
 def old_attention(query, keys, values, mask, scale):
@@ -125,7 +117,7 @@ def test_tree_and_prefill_logits_equal_transformers(arch, kv_heads, window):
     with torch.no_grad():
         torch.testing.assert_close(prefill, model(prompt[None]).logits[0], atol=TOL, rtol=TOL)
         for node in range(len(PARENTS)):
-            path = torch.cat([prompt, tree_ids[path_of(node)]])
+            path = torch.cat([prompt, tree_ids[path_of(PARENTS, node)]])
             torch.testing.assert_close(tree[node], model(path[None]).logits[0, -1], atol=TOL, rtol=TOL)
 
 
@@ -146,7 +138,7 @@ def test_layer_major_prefill_then_tree_equals_transformers(arch, window):
     tree = runner.forward(tree_ids, 21 + depths, cache, 21, prefix_tree_mask(ancestors, 21))
     with torch.no_grad():
         for node in range(len(PARENTS)):
-            path = torch.cat([prompt, tree_ids[path_of(node)]])
+            path = torch.cat([prompt, tree_ids[path_of(PARENTS, node)]])
             torch.testing.assert_close(tree[node], model(path[None]).logits[0, -1], atol=TOL, rtol=TOL)
 
 

@@ -16,7 +16,7 @@ from engine.spec import step
 from engine.spec.tree import causal_mask, prefix_tree_mask
 from tests.helpers.offload_passes import streamed_runner
 from tests.helpers.tiny_models import make_tiny_pair
-from tests.helpers.trees import ancestors_and_depths
+from tests.helpers.trees import ancestors_and_depths, path_of
 
 ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
 NUM_LAYERS = 4
@@ -74,14 +74,6 @@ def tree_pass(runner: DecoderRunner, cache: KVCache, tree_ids: torch.Tensor) -> 
     return runner.forward(tree_ids, start + depths, cache, start, prefix_tree_mask(ancestors, start))
 
 
-def path_of(node: int) -> list[int]:
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = PARENTS[node]
-    return path[::-1]
-
-
 @pytest.mark.usefixtures("small_chunks")
 @pytest.mark.parametrize("resident", [0, 1])
 @pytest.mark.parametrize("source", ["ram", "disk"])
@@ -125,7 +117,7 @@ def test_streamed_prefill_equals_chunked_and_transformers(targets, arch):
         runner.layers.close()
     with torch.no_grad():
         for node in range(len(PARENTS)):
-            path = torch.tensor(token_ids + tree_ids[path_of(node)].tolist())
+            path = torch.tensor(token_ids + tree_ids[path_of(PARENTS, node)].tolist())
             torch.testing.assert_close(logits[node], model(path[None]).logits[0, -1], atol=TOL, rtol=TOL)
 
 

@@ -11,7 +11,6 @@ the alternatives are the most likely ones.
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from transformers import AutoModelForCausalLM
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.runtime import Engine
 from engine.types import FinishReason, Request, SamplingParams, TokenDelta, TokenLogprob
+from tests.helpers.reference import penalise
 from tests.helpers.tiny_models import make_tiny_pair
 
 TOLERANCE = 1e-4
@@ -51,13 +51,7 @@ def load(pair, method: str, budget: int = 16) -> Engine:
 def reference_log_probs(logits: torch.Tensor, params: SamplingParams, prompt: list[int],
                         output: list[int]) -> torch.Tensor:
     """[vocab] raw logits -> float64 log-probs of the processed distribution (-inf where removed)."""
-    out = logits.double().clone()
-    if params.repetition_penalty != 1.0:
-        for token in set(prompt) | set(output):
-            value = float(out[token])
-            out[token] = value / params.repetition_penalty if value > 0 else value * params.repetition_penalty
-    for token, count in Counter(output).items():
-        out[token] -= params.frequency_penalty * count + params.presence_penalty
+    out = penalise(logits, params, prompt, output)
     if params.temperature == 0.0:
         return out.log_softmax(-1)
     out = out / params.temperature

@@ -15,7 +15,6 @@ target's drafts only the target's tokens."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from transformers import AutoModelForCausalLM
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.runtime import Engine
 from engine.types import SamplingParams
+from tests.helpers.reference import penalise
 from tests.helpers.tiny_models import build_model, build_tokenizer, make_tiny_pair, save_checkpoint
 from tests.spec.test_sampling_exactness import chi_square_p, marginal
 
@@ -38,18 +38,6 @@ PENALTIES = {
     "repetition": dict(repetition_penalty=1.8),
     "all": dict(frequency_penalty=0.8, presence_penalty=0.5, repetition_penalty=1.3),
 }
-
-
-def penalise(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
-    """[vocab] raw logits -> penalised float64 logits, by the documented meaning of each penalty."""
-    out = logits.double().clone()
-    if params.repetition_penalty != 1.0:
-        for token in set(prompt) | set(output):
-            value = float(out[token])
-            out[token] = value / params.repetition_penalty if value > 0 else value * params.repetition_penalty
-    for token, count in Counter(output).items():
-        out[token] -= params.frequency_penalty * count + params.presence_penalty
-    return out
 
 
 @torch.no_grad()
