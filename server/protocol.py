@@ -13,12 +13,11 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.types import SamplingParams, SamplingParamsError
+from engine.types import MAX_LOGIT_BIAS, REPETITION_PENALTY_RANGE, SamplingParams, SamplingParamsError
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
 
 MAX_STOP_STRINGS = 32
-MAX_LOGIT_BIAS = 100  # |bias| bound, as OpenAI
 SEED_MODULUS = 2**63  # seeds are reduced into the engine's non-negative int64 range
 MAX_CHOICES = 8  # the largest `n` (each choice is one engine request)
 
@@ -99,7 +98,7 @@ class SamplingRequest(_Model):
     # extras beyond OpenAI (vLLM / llama.cpp names)
     top_k: int | None = Field(None, ge=-1)  # 0 or -1: off
     min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    repetition_penalty: float | None = Field(None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])
     ignore_eos: bool | None = False
     stop_token_ids: list[int] | None = None
 

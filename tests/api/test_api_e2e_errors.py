@@ -136,6 +136,9 @@ def test_health_models_and_metrics(live_server, model_id: str) -> None:
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == [model_id]
     card = httpx.get(f"{live_server.url}/v1/models/{model_id}").json()
     assert card["id"] == model_id and card["object"] == "model"
+    served = httpx.post(f"{live_server.url}/v1/completions", timeout=120,
+                        json={"model": model_id, "prompt": "def f(", "max_tokens": 4, "temperature": 0})
+    assert served.status_code == 200, served.text  # so every counter has a sample, whatever ran before
     response = httpx.get(f"{live_server.url}/metrics")
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
