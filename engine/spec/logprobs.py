@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.spec.sampling import NodeLogits, block_rows
+from engine.spec.sampling import NodeLogits, block_rows, blocks
 from engine.spec.tree import Tree
 from engine.types import SamplingParams, TokenLogprob
 
@@ -50,10 +50,8 @@ def emitted_logprobs(
     vocab_size = logits.shape[1]
     num_top = min(params.logprobs, vocab_size)
     nodes = NodeLogits(path_chain(tree, path), logits[path], params, output_counts, prompt_mask)
-    rows_per_block = block_rows(vocab_size)
     parts = []
-    for begin in range(0, path.shape[0], rows_per_block):
-        rows = slice(begin, min(begin + rows_per_block, path.shape[0]))
+    for rows in blocks(path.shape[0], block_rows(vocab_size)):
         log_probs = nodes[rows].log_softmax(dim=-1)  # [rows, vocab]
         chosen = log_probs.gather(1, new_ids[rows, None])  # [rows, 1]
         top = log_probs.topk(num_top, dim=-1)  # [rows, k] each

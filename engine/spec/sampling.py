@@ -9,6 +9,7 @@ processing is bounded by the block size, not by the number of nodes: every step 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -142,6 +143,12 @@ def block_rows(vocab_size: int, block_bytes: int | None = None) -> int:
     """Rows per processing block: a [rows, vocab] fp32 block stays within block_bytes
     (None: LOGITS_BLOCK_BYTES). Depends on nothing else, so seeded draws are reproducible."""
     return max(1, (block_bytes or LOGITS_BLOCK_BYTES) // (vocab_size * 4))
+
+
+def blocks(num_rows: int, rows_per_block: int) -> Iterator[slice]:
+    """Consecutive row slices of at most rows_per_block rows covering [0, num_rows), in order."""
+    for begin in range(0, num_rows, rows_per_block):
+        yield slice(begin, min(begin + rows_per_block, num_rows))
 
 
 def logits_workspace_bytes(vocab_size: int, block_bytes: int | None = None) -> int:

@@ -9,12 +9,11 @@ they are read in blocks of rows (`logits[a:b]`), and nothing of size [n, vocab] 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from engine.spec.sampling import NodeLogits, block_rows, sample_tokens
+from engine.spec.sampling import NodeLogits, block_rows, blocks, sample_tokens
 from engine.spec.tree import Tree
 
 Logits = torch.Tensor | NodeLogits  # [n, vocab] processed target logits; `logits[a:b]` is [b - a, vocab]
@@ -25,11 +24,6 @@ class Verdict:
     path: torch.Tensor  # [m] node indices root..last accepted, in depth order
     bonus_id: torch.Tensor  # [] long, the target's token after the last accepted node
     node_log_probs: torch.Tensor | None = None  # [n] log p(node's token | parent's path), root 0 (budget auto)
-
-
-def blocks(num_rows: int, rows_per_block: int) -> Iterator[slice]:
-    for begin in range(0, num_rows, rows_per_block):
-        yield slice(begin, min(begin + rows_per_block, num_rows))
 
 
 def add_child_log_probs(tree: Tree, block: torch.Tensor, rows: slice, node_lp: torch.Tensor) -> torch.Tensor:

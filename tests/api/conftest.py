@@ -145,13 +145,15 @@ class FakeServer:
         return self.app.state.specexec
 
 
-def run_uvicorn(app: Any, port: int, **config_fields: Any) -> tuple[Any, threading.Thread]:
-    """uvicorn serving `app` on 127.0.0.1:`port` in a daemon thread, started (config_fields: uvicorn.Config's)."""
+def run_uvicorn(app: Any, port: int, make_server: Callable[[Any], Any] | None = None,
+                **config_fields: Any) -> tuple[Any, threading.Thread]:
+    """uvicorn serving `app` on 127.0.0.1:`port` in a daemon thread, started (config_fields: uvicorn.Config's;
+    make_server: config -> a uvicorn.Server subclass instance, default uvicorn.Server)."""
     import uvicorn
 
     config_fields = {"log_level": "warning", "timeout_graceful_shutdown": 2, **config_fields}
     config = uvicorn.Config(app, host="127.0.0.1", port=port, **config_fields)
-    server = uvicorn.Server(config)
+    server = (make_server or uvicorn.Server)(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

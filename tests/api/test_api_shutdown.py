@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig, LimitsConfig
@@ -26,7 +25,7 @@ from server.app import build_app
 from server.config import ServerConfig
 from server.http_protocol import h11_protocol_with_header_timeout
 from server.shutdown import DrainingServer
-from tests.api.conftest import free_port
+from tests.api.conftest import free_port, run_uvicorn
 from tests.helpers.fake_engine import FakeEngine
 from tests.helpers.sse_helpers import parse_sse
 
@@ -53,15 +52,10 @@ def drainable() -> Iterator[Callable[..., Drainable]]:
         port = free_port()
         engine_config = EngineConfig(limits=LimitsConfig(max_queue=4, default_max_tokens=64))
         app = build_app(engine_config, ServerConfig(port=port, shutdown_timeout=shutdown_timeout), engine)
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                http=h11_protocol_with_header_timeout(10), timeout_graceful_shutdown=2)
-        server = DrainingServer(config, app.state.specexec, shutdown_timeout)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert server.started
+        server, thread = run_uvicorn(
+            app, port, lambda config: DrainingServer(config, app.state.specexec, shutdown_timeout),
+            http=h11_protocol_with_header_timeout(10),
+        )
         drainable = Drainable(f"http://127.0.0.1:{port}", engine, server, thread)
         running.append(drainable)
         return drainable
