@@ -10,7 +10,7 @@ processing is bounded by the block size, not by the number of nodes: every step 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -55,14 +55,27 @@ def apply_penalties(
     return logits
 
 
-def apply_logit_bias(logits: torch.Tensor, logit_bias: dict[int, float]) -> torch.Tensor:
-    if not logit_bias:
+BiasTensors = tuple[torch.Tensor, torch.Tensor]  # ([k] long token ids, [k] fp32 biases)
+
+
+def bias_tensors(logit_bias: dict[int, float], vocab_size: int, device: torch.device) -> BiasTensors | None:
+    """logit_bias on the device, once per step rather than once per block (None: nothing in vocab)."""
+    keys = [i for i in logit_bias if i < vocab_size]
+    if not keys:
+        return None
+    ids = torch.tensor(keys, dtype=torch.long, device=device)
+    return ids, torch.tensor([logit_bias[i] for i in keys], dtype=torch.float32, device=device)
+
+
+def apply_logit_bias(logits: torch.Tensor, logit_bias: dict[int, float] | BiasTensors | None) -> torch.Tensor:
+    """[n, vocab] logits plus the bias (a dict, or bias_tensors made once for many calls)."""
+    if isinstance(logit_bias, dict):
+        logit_bias = bias_tensors(logit_bias, logits.shape[1], logits.device) if logit_bias else None
+    if logit_bias is None:
         return logits
-    keys = [i for i in logit_bias if i < logits.shape[1]]
-    ids = torch.tensor(keys, dtype=torch.long, device=logits.device)
-    vals = torch.tensor([logit_bias[i] for i in keys], dtype=logits.dtype, device=logits.device)
+    ids, vals = logit_bias
     logits = logits.clone()
-    logits[:, ids] += vals
+    logits[:, ids] += vals.to(logits.dtype)
     return logits
 
 
@@ -114,9 +127,12 @@ def penalise_logits(
     params: SamplingParams,
     output_counts: torch.Tensor | None,
     prompt_mask: torch.Tensor | None,
+    bias: BiasTensors | None = None,
 ) -> torch.Tensor:
-    """logit_bias, then the penalties: [n, vocab] raw logits -> fp32 (possibly `logits` itself)."""
-    return apply_penalties(apply_logit_bias(logits.float(), params.logit_bias), params, output_counts, prompt_mask)
+    """logit_bias (`bias` when prepared, else params.logit_bias), then the penalties: [n, vocab] raw
+    logits -> fp32 (possibly `logits` itself)."""
+    logits = apply_logit_bias(logits.float(), params.logit_bias if bias is None else bias)
+    return apply_penalties(logits, params, output_counts, prompt_mask)
 
 
 def shape_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -168,12 +184,18 @@ class NodeLogits:
     output_counts: torch.Tensor  # [vocab] float, generated tokens so far (the root too, if generated)
     prompt_mask: torch.Tensor | None  # [vocab] bool
 
+    bias: BiasTensors | None = field(init=False)  # params.logit_bias on the device, made once
+
+    def __post_init__(self) -> None:
+        bias = bias_tensors(self.params.logit_bias, self.raw.shape[1], self.raw.device)
+        object.__setattr__(self, "bias", bias)
+
     @property
     def shape(self) -> torch.Size:
         return self.raw.shape
 
     def __getitem__(self, rows: slice) -> torch.Tensor:
-        penalised = penalise_logits(self.raw[rows], self.params, self.path_counts(rows), self.prompt_mask)
+        penalised = penalise_logits(self.raw[rows], self.params, self.path_counts(rows), self.prompt_mask, self.bias)
         return shape_logits(penalised, self.params)  # the counts are freed before shaping
 
     def path_counts(self, rows: slice) -> torch.Tensor | None:
