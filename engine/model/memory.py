@@ -8,14 +8,14 @@ import torch
 from engine.config import EngineConfig, SpeculationConfig
 from engine.model import memory_plan
 from engine.model.runner import DecoderRunner
+from engine.offload.ram_store import host_memory_available
+from engine.offload.ring import LayerStreamer
 from engine.types import ConfigError
 
 
 def streamed_layers(runner: DecoderRunner) -> tuple[list[int], list[torch.Tensor]]:
     """Indices of the layers the offload streamer streams, and its ring's device buffers (none, none
     for a resident target)."""
-    from engine.offload.ring import LayerStreamer
-
     if not isinstance(runner.layers, LayerStreamer):
         return [], []
     return list(runner.layers.streamed), list(runner.layers.ring)
@@ -27,8 +27,6 @@ def free_device_memory(device: torch.device) -> int:
     if device.type == "cuda":  # CUDA-only
         free, _total = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    from engine.offload.ram_store import host_memory_available
-
     return host_memory_available()
 
 
