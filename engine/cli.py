@@ -31,6 +31,8 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type]] = {
     "--ring-size": ("offload", "ring_size", int),
     "--max-context": ("limits", "max_context", int),
     "--max-queue": ("limits", "max_queue", int),
+    "--max-running": ("limits", "max_running", int),
+    "--prefix-cache-slots": ("limits", "prefix_cache_slots", int),
 }
 
 

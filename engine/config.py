@@ -107,13 +107,21 @@ class LimitsConfig:
     # a max_context beyond the target's trained positions is refused unless this is set: rotary
     # position embeddings past the trained range degrade the output
     allow_long_context: bool = False
-    max_queue: int = 16  # waiting requests beyond the running one; more get 429
+    max_queue: int = 16  # waiting requests beyond the running ones; more get 429
     default_max_tokens: int = 256
+    # requests whose trees share one target pass; fewer when their KV caches do not fit (logged)
+    max_running: int = 4
+    # KV slots kept beyond the running ones for the prefix cache (finished requests' prompt + answer,
+    # LRU); fewer when they do not fit; 0 turns prefix reuse off
+    prefix_cache_slots: int = 4
 
     def __post_init__(self) -> None:
         require(self.max_context is None or self.max_context >= 2, "limits.max_context", "must be >= 2")
         require(self.max_queue >= 0, "limits.max_queue", f"must be >= 0, got {self.max_queue!r}")
         require(self.default_max_tokens >= 1, "limits.default_max_tokens", "must be >= 1")
+        require(self.max_running >= 1, "limits.max_running", f"must be >= 1, got {self.max_running!r}")
+        require(self.prefix_cache_slots >= 0, "limits.prefix_cache_slots",
+                f"must be >= 0, got {self.prefix_cache_slots!r}")
 
 
 @dataclass(frozen=True)

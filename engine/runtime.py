@@ -4,10 +4,12 @@
     for delta in engine.generate(Request("r1", prompt_ids, SamplingParams(temperature=0))):
         ...
 
-One sequence runs at a time; its KV caches are allocated at load for the context plus the largest
-tree, after a memory plan (engine.model.memory_plan) checked that they and a step's workspaces fit.
-A CUDA runtime error while generating raises EngineFault (the engine is down); running out of device
-memory fails that request alone with OutOfMemory.
+Several requests run at once (the server's AsyncEngine drives `add_request` / `step` / `abort_request`;
+`generate` runs one request alone): each step grows every running request's tree and scores them all
+in one target pass (engine.scheduler, engine.spec.batch). KV caches for max_running requests plus
+the prefix cache are allocated at load, after a memory plan (engine.model.memory_plan) checked that
+they and a step's workspaces fit. A CUDA runtime error raises EngineFault (the engine is down);
+running out of device memory fails that step's requests alone with OutOfMemory.
 """
 
 from __future__ import annotations
@@ -22,23 +24,26 @@ import torch
 
 from engine.config import EngineConfig, SpeculationConfig
 from engine.model import checkpoint, faults, memory, memory_plan
-from engine.model.kv_cache import KVCache
+from engine.model.kv_pool import Acquired, KVPool, KVSlot
 from engine.model.pair import LoadedPair, load_pair
-from engine.model.runner import DecoderRunner
-from engine.offload.device import synchronize_stream
+from engine.scheduler import Running, Scheduler
+from engine.spec.batch import run_batch
 from engine.spec.budget import BudgetTracker, calibration_budgets
 from engine.spec.draft import Drafter
+from engine.spec.grammar import GrammarCache
 from engine.spec.sampling import logits_workspace_bytes, make_generator
-from engine.spec.step import PREFILL_CHUNK, SequenceState, StepContext, prefill, run_step
+from engine.spec.step import PREFILL_CHUNK, SequenceState, StepContext
 from engine.types import (
     ConfigError,
     ContextLengthError,
     EngineFault,
-    FinishReason,
     GenerationStats,
     OutOfMemory,
     Request,
     SamplingParams,
+    StepOutput,
+    StepStats,
+    StructuredOutput,
     TokenDelta,
 )
 
@@ -56,10 +61,13 @@ class Engine:
         self.max_context = pair.max_context
         self.model_name = config.model.name or config.model.target.rstrip("/").split("/")[-1]
         self.device = pair.target.device
-        self._caches: dict[str, KVCache] = {}
         spec = config.speculation
         auto = spec.budget == "auto" and spec.method != "autoregressive"
         self.budget_tracker: BudgetTracker | None = BudgetTracker() if auto else None
+        self.grammars = GrammarCache(self.tokenizer, pair.target.vocab_size, sorted(self.eos_token_ids))
+        self.max_running = config.limits.max_running
+        self.pool: KVPool | None = None  # allocated by reserve_memory (or the first request)
+        self.scheduler: Scheduler | None = None
 
     @classmethod
     def load(cls, config: EngineConfig) -> Engine:
@@ -79,35 +87,74 @@ class Engine:
         raise memory.weights_do_not_fit(config, message)
 
     def with_speculation(self, spec: SpeculationConfig) -> Engine:
-        """The same loaded models under other speculation settings (benchmarks); shares the KV caches."""
+        """The same loaded models under other speculation settings (benchmarks); shares the KV pool
+        (grown if this budget needs larger caches). Not while requests run."""
         engine = Engine(self.pair, dataclasses.replace(self.config, speculation=spec))
-        engine._caches = self._caches  # one set of device buffers, grown if this budget needs more
+        engine.max_running = self.max_running
+        if self.pool is not None:
+            engine._use_pool(self.pool)
         return engine
 
+    # -- memory ------------------------------------------------------------------------------
     def memory_plan_inputs(self, budget: int | None = None) -> memory_plan.PlanInputs:
-        """What the device must hold for this pair at max_context with trees of `budget` (default: ours)."""
+        """What the device must hold for this pair at max_context with trees of `budget` (default: ours),
+        for max_running requests and as many KV slots (reserve_memory adds the prefix cache's)."""
         limits = (self.max_context, budget or self.budget, PREFILL_CHUNK)
         workspace = logits_workspace_bytes(self.pair.target.vocab_size)
-        return memory.plan_inputs(self.pair.target, self.pair.draft, self.config.speculation, limits, workspace)
+        inputs = memory.plan_inputs(self.pair.target, self.pair.draft, self.config.speculation, limits, workspace)
+        return dataclasses.replace(inputs, max_running=self.max_running, kv_slots=self.max_running)
 
     def reserve_memory(self) -> memory_plan.MemoryPlan:
-        """Check the memory plan against free device memory, then allocate both KV caches (the first
-        request allocates none). Raises ConfigError saying what does not fit and what to change."""
+        """Size the KV pool to what fits (up to max_running + prefix_cache_slots slots; fewer running
+        requests and cache slots when short, logged), check the plan against free device memory,
+        then allocate the pool. Raises ConfigError saying what does not fit and what to change."""
+        limits = self.config.limits
         inputs = self.memory_plan_inputs()
+        fit = memory_plan.kv_slots_that_fit(inputs, memory.free_device_memory(self.device))
+        self.max_running = max(1, min(limits.max_running, fit))
+        cache_slots = max(0, min(limits.prefix_cache_slots, fit - self.max_running))
+        if self.max_running < limits.max_running or cache_slots < limits.prefix_cache_slots:
+            log.warning("device memory holds KV caches for %d running requests and %d prefix cache slots "
+                        "(asked: --max-running %d, --prefix-cache-slots %d); lower --max-context or --budget "
+                        "for more", self.max_running, cache_slots, limits.max_running, limits.prefix_cache_slots)
+        inputs = dataclasses.replace(self.memory_plan_inputs(), kv_slots=self.max_running + cache_slots)
         plan = memory_plan.plan_memory(inputs)
         memory_plan.check_fits(inputs, plan, memory.free_device_memory(self.device), str(self.device))
         log.info("device memory plan on %s: %s in all (%s)", self.device, memory_plan.gb(plan.total), plan.describe())
         try:
-            self._caches_for_request()
+            self._use_pool(self._new_pool(inputs.kv_slots, reuse=limits.prefix_cache_slots > 0))
         except torch.OutOfMemoryError as exc:
             message = faults.first_line(exc)
         else:
             return plan
-        self._caches.clear()
+        self.pool = self.scheduler = None
         gc.collect()
         faults.release_device_memory(self.device)
         raise ConfigError("limits.max_context", f"the KV caches do not fit on {self.device} ({message}); lower "
-                          f"--max-context (now {self.max_context}) or --budget, or use a smaller draft")
+                          f"--max-context (now {self.max_context}), --max-running or --budget, or use a smaller draft")
+
+    def _new_pool(self, num_slots: int, reuse: bool) -> KVPool:
+        spec = self.config.speculation
+        target_capacity, draft_capacity = memory_plan.cache_capacities(
+            self.max_context, self.budget, spec.max_depth, spec.max_expand
+        )
+        draft = self.pair.draft
+        slots = [
+            KVSlot(self.pair.target.new_cache(target_capacity), draft.new_cache(draft_capacity) if draft else None)
+            for _ in range(num_slots)
+        ]
+        return KVPool(slots, reuse)
+
+    def _use_pool(self, pool: KVPool) -> None:
+        """Serve from `pool`, replaced by a fresh one of the same size if its caches are too small."""
+        spec = self.config.speculation
+        target_capacity, _ = memory_plan.cache_capacities(self.max_context, self.budget, spec.max_depth, spec.max_expand)
+        if pool.slots[0].target.capacity < target_capacity:
+            del pool
+            pool = self._new_pool(self.max_running + self.config.limits.prefix_cache_slots,
+                                  self.config.limits.prefix_cache_slots > 0)
+        self.pool = pool
+        self.scheduler = Scheduler(pool, self.max_running, self.max_context, self.budget)
 
     @property
     def budget(self) -> int:
@@ -133,138 +180,184 @@ class Engine:
                 break
         tracker.force([])
 
+    # -- requests ----------------------------------------------------------------------------
     def validate_request(self, prompt_len: int, max_tokens: int) -> None:
         if prompt_len < 1:
             raise ValueError("the prompt must contain at least one token")
         if prompt_len + max_tokens > self.max_context:
             raise ContextLengthError(prompt_len, max_tokens, self.max_context)
 
+    def validate_structured_output(self, spec: StructuredOutput) -> None:
+        self.grammars.compile(spec)
+
     def stop_ids(self, params: SamplingParams) -> frozenset[int]:
         """Token ids that end the request: its stop ids, and EOS unless ignored."""
         eos = frozenset() if params.ignore_eos else self.eos_token_ids
         return frozenset(params.stop_token_ids) | eos
 
-    def _caches_for_request(self) -> tuple[KVCache, KVCache]:
-        """The target and draft caches, emptied (allocated once, or again for a larger budget)."""
-        spec = self.config.speculation
-        target_capacity, draft_capacity = memory_plan.cache_capacities(
-            self.max_context, self.budget, spec.max_depth, spec.max_expand
-        )
-        target_cache = self._cache("target", self.pair.target, target_capacity)
-        draft_runner = self.pair.draft or self.pair.target
-        draft_cache = self._cache("draft", draft_runner, draft_capacity if self.pair.draft else 1)
-        return target_cache, draft_cache
+    @property
+    def num_running(self) -> int:
+        return 0 if self.scheduler is None else len(self.scheduler.running)
 
-    def _step_context(self, params: SamplingParams) -> StepContext:
-        spec = self.config.speculation
-        budget = self.budget
-        target_cache, draft_cache = self._caches_for_request()
+    @property
+    def can_add(self) -> bool:
+        """Whether add_request would take another request now."""
+        return self.scheduler is None or self.scheduler.free_running_slots > 0
+
+    def add_request(self, request: Request) -> None:
+        """Admit a request: a KV slot (with the longest cached prefix of its prompt) and its sequence
+        state; its prompt is prefilled by the next step's target pass. Raises ValueError /
+        ContextLengthError for a request that cannot run; needs can_add."""
+        self.validate_request(len(request.prompt_ids), request.params.max_tokens)
+        if self.scheduler is None:
+            self._use_pool(self._new_pool(self.max_running, self.config.limits.prefix_cache_slots > 0))
+        assert self.scheduler is not None and self.pool is not None
+        assert self.can_add, "add_request needs can_add"
+        acquired = self.pool.acquire(list(request.prompt_ids))
+        try:
+            self.scheduler.add(self._running(request, acquired))
+        except BaseException:
+            self.pool.release(acquired.slot, [])
+            raise
+
+    def _running(self, request: Request, acquired: Acquired) -> Running:
+        params = request.params
+        vocab = self.pair.target.vocab_size
+        prompt = list(request.prompt_ids)
+        prompt_mask = None
+        if params.repetition_penalty != 1.0:
+            prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+            prompt_mask[torch.tensor([i for i in prompt if i < vocab], dtype=torch.long)] = True
+        structured = params.structured_output
+        seq = SequenceState(
+            token_ids=prompt,
+            prompt_len=len(prompt),
+            params=params,
+            generator=make_generator(params.seed, self.device),
+            output_counts=torch.zeros(vocab, device=self.device),
+            prompt_mask=prompt_mask,
+            grammar=None if structured is None else self.grammars.new_state(structured, self.device),
+        )
+        speculative_draft = self.pair.draft is not None and self.config.speculation.method != "autoregressive"
+        totals = GenerationStats(prompt_tokens=len(prompt), cached_tokens=acquired.cached_tokens)
+        return Running(
+            request=request,
+            seq=seq,
+            ctx=self._step_context(params, acquired),
+            acquired=acquired,
+            stop_ids=self.stop_ids(params),
+            totals=totals,
+            prefill_ids=prompt[acquired.cached_tokens : -1],
+            draft_prefill_ids=prompt[acquired.draft_cached_tokens : -1] if speculative_draft else [],
+            admitted_at=time.perf_counter(),
+        )
+
+    def _step_context(self, params: SamplingParams, acquired: Acquired) -> StepContext:
         draft_runner = self.pair.draft or self.pair.target
+        draft_cache = acquired.slot.draft if acquired.slot.draft is not None else draft_runner.new_cache(1)
         vocab = self.pair.target.vocab_size
         stop_mask = torch.zeros(max(vocab, draft_runner.vocab_size), dtype=torch.bool, device=self.device)
         stop_mask[[i for i in self.stop_ids(params) if i < stop_mask.shape[0]]] = True
         return StepContext(
-            target=self.pair.target,
-            target_cache=target_cache,
+            target_cache=acquired.slot.target,
             drafter=Drafter(draft_runner, draft_cache, vocab),
-            spec=spec,
-            budget=budget,
+            spec=self.config.speculation,
+            budget=self.budget,
             stop_mask=stop_mask,
             max_context=self.max_context,
-            track_acceptance=self.budget_tracker is not None,
+            track_acceptance=self.budget_tracker is not None or self.max_running > 1,
         )
 
-    def _cache(self, name: str, runner: DecoderRunner, capacity: int) -> KVCache:
-        cache = self._caches.get(name)
-        if cache is None or cache.capacity < capacity:
-            cache = runner.new_cache(capacity)
-            self._caches[name] = cache
-        cache.reset()
-        return cache
+    def abort_request(self, request_id: str) -> TokenDelta | None:
+        """Drop a running request between steps: its slot is freed (its KV kept for the prefix cache).
+        Returns its final delta (FinishReason.ABORT, totals so far), None if it is not running."""
+        return None if self.scheduler is None else self.scheduler.abort(request_id)
 
-    def _start(self, request: Request, ctx: StepContext) -> SequenceState:
-        vocab = self.pair.target.vocab_size
-        prompt = list(request.prompt_ids)
-        prompt_mask = None
-        if request.params.repetition_penalty != 1.0:
-            prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
-            prompt_mask[torch.tensor([i for i in prompt if i < vocab], dtype=torch.long)] = True
-        prefill(ctx.target, ctx.target_cache, prompt[:-1])
-        if self.pair.draft is not None and self.config.speculation.method != "autoregressive":
-            prefill(ctx.drafter.runner, ctx.drafter.cache, prompt[:-1])
-        synchronize_stream(self.device)  # prefill's tail is billed to prefill, not to the first draft
-        return SequenceState(
-            token_ids=prompt,
-            prompt_len=len(prompt),
-            params=request.params,
-            generator=make_generator(request.params.seed, self.device),
-            output_counts=torch.zeros(vocab, device=self.device),
-            prompt_mask=prompt_mask,
+    # -- the step ----------------------------------------------------------------------------
+    def step(self) -> StepOutput:
+        """schedule -> run -> postprocess: one target pass over every running request's tree.
+
+        Raises EngineFault on a CUDA runtime error (the engine is down). Running out of device memory,
+        or any other error in the step, fails the step's requests (StepOutput.failures; their slots
+        are freed) and the engine goes on."""
+        scheduler = self.scheduler
+        if scheduler is None or not scheduler.running:
+            return StepOutput()
+        begin = time.perf_counter()
+        tracker = self.budget_tracker
+        # --budget auto: the pass's total, from the oldest running request's sampling regime
+        total = self.budget if tracker is None else tracker.choose(scheduler.running[0].seq.params.acceptance_key)
+        batch = scheduler.schedule(total)
+        items = [running.batch_item() for running in batch]
+        try:
+            results = run_batch(self.pair.target, items)
+        except Exception as exc:
+            error = self._step_error(batch, exc)  # EngineFault raises from here
+        else:
+            if tracker is not None:
+                self._observe(tracker, batch, results)
+            return scheduler.postprocess(batch, results, begin)
+        del items  # with the exception gone, the step's tensors are free
+        for running in batch:
+            scheduler.release(running, reusable=False)
+        gc.collect()
+        faults.release_device_memory(self.device)
+        return StepOutput(failures=[(running.request_id, error) for running in batch])
+
+    def _observe(self, tracker: BudgetTracker, batch: list[Running], results: list[tuple[list[int], StepStats]]) -> None:
+        """--budget auto learns step times from single-request steps, acceptance from every request."""
+        for running, (_ids, stats) in zip(batch, results, strict=True):
+            key, curve = running.seq.params.acceptance_key, running.seq.acceptance_curve
+            if len(batch) == 1:
+                timings = (stats.draft_seconds, stats.target_seconds, stats.step_seconds)
+                tracker.observe(key, stats.tree_size, timings, curve)
+            else:
+                tracker.observe_curve(key, curve)
+
+    def _step_error(self, batch: list[Running], exc: Exception) -> BaseException:
+        """What a failed step's requests get: OutOfMemory (with what to change) or the error itself.
+        A CUDA runtime error raises EngineFault instead."""
+        if faults.is_device_fault(exc):
+            raise EngineFault(f"device error while generating: {faults.first_line(exc)}") from exc
+        if not faults.is_out_of_memory(exc):
+            log.error("a step of %d request(s) failed", len(batch), exc_info=exc)
+            return exc
+        prompts = ", ".join(str(len(r.request.prompt_ids)) for r in batch)
+        return OutOfMemory(
+            f"out of device memory on {self.device} during a step of {len(batch)} request(s) (prompt tokens "
+            f"{prompts}, tree budget {self.budget}): {faults.first_line(exc)}; the step's requests were dropped "
+            "and their memory freed. Retry with a shorter prompt, or restart with a lower --budget, "
+            "--max-running or --max-context"
         )
 
+    # -- one request alone (scripts, benchmarks) -----------------------------------------------
     def generate(
         self, request: Request, should_abort: Callable[[], bool] | None = None
     ) -> Iterator[TokenDelta]:
-        """Yield one TokenDelta per step; the last has finish_reason and totals.
+        """Run one request alone: one TokenDelta per step, the last with finish_reason and totals.
 
         Raises EngineFault on a CUDA runtime error (the engine is down), and OutOfMemory when the
         device ran out of memory (this request's tensors are freed; the engine goes on)."""
+        assert self.num_running == 0, "generate runs one request alone (the AsyncEngine serves several)"
+        self.add_request(request)
+        request_id = request.request_id
         try:
-            yield from self._generate(request, should_abort)
-            return
-        except Exception as exc:
-            if faults.is_device_fault(exc):
-                raise EngineFault(f"device error while generating: {faults.first_line(exc)}") from exc
-            if not faults.is_out_of_memory(exc):
-                raise
-            message = faults.first_line(exc)
-        gc.collect()  # the request's frames and tensors went with the exception
-        faults.release_device_memory(self.device)
-        raise OutOfMemory(
-            f"out of device memory on {self.device} during this request ({len(request.prompt_ids)} prompt "
-            f"tokens, tree budget {self.budget}): {message}; the request was dropped and its memory freed. "
-            "Retry with a shorter prompt, or restart with a lower --budget or --max-context"
-        )
-
-    def _generate(self, request: Request, should_abort: Callable[[], bool] | None) -> Iterator[TokenDelta]:
-        params = request.params
-        self.validate_request(len(request.prompt_ids), params.max_tokens)
-        totals = GenerationStats(prompt_tokens=len(request.prompt_ids))
-        begin = time.perf_counter()
-        ctx = self._step_context(params)
-        seq = self._start(request, ctx)
-        totals.prefill_seconds = time.perf_counter() - begin
-        stop_ids = self.stop_ids(params)
-        while True:
-            if should_abort is not None and should_abort():
-                yield TokenDelta(request.request_id, [], FinishReason.ABORT, totals=totals)
-                return
-            tracker = self.budget_tracker
-            if tracker is not None:
-                ctx.budget = tracker.choose(params.acceptance_key)
-            new_ids, stats = run_step(ctx, seq)
-            if tracker is not None:
-                timings = (stats.draft_seconds, stats.target_seconds, stats.step_seconds)
-                tracker.observe(params.acceptance_key, stats.tree_size, timings, seq.acceptance_curve)
-            new_ids, finish = self._finish(seq, new_ids, stop_ids)
-            seq.emitted += len(new_ids)
-            stats = dataclasses.replace(stats, num_emitted=len(new_ids))  # after stop / max_tokens truncation
-            totals.add_step(stats)
-            logprobs = None if seq.step_logprobs is None else seq.step_logprobs[: len(new_ids)]
-            yield TokenDelta(request.request_id, new_ids, finish, stats, totals if finish else None, logprobs)
-            if finish is not None:
-                return
-
-    def _finish(self, seq: SequenceState, new_ids: list[int], stop_ids: frozenset[int]) -> tuple[list[int], FinishReason | None]:
-        for idx, token_id in enumerate(new_ids):
-            if token_id in stop_ids:
-                return new_ids[:idx], FinishReason.STOP
-        room = seq.params.max_tokens - seq.emitted
-        if len(new_ids) >= room:
-            return new_ids[:room], FinishReason.LENGTH
-        if len(seq.token_ids) >= self.max_context:
-            return new_ids, FinishReason.LENGTH
-        return new_ids, None
+            while True:
+                if should_abort is not None and should_abort():
+                    delta = self.abort_request(request_id)
+                    assert delta is not None
+                    yield delta
+                    return
+                output = self.step()
+                for failed_id, error in output.failures:
+                    if failed_id == request_id:
+                        raise error
+                for delta in output.deltas:
+                    yield delta
+                    if delta.finish_reason is not None:
+                        return
+        finally:
+            self.abort_request(request_id)  # a consumer that stopped early frees the slot
 
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
         """Convenience: the whole completion's token ids."""

@@ -7,10 +7,9 @@ below are everything the engine raises on purpose. Nothing here imports torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 
 class FinishReason(str, Enum):
@@ -28,6 +27,23 @@ MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's bound)
 REPETITION_PENALTY_RANGE = (0.01, 100.0)  # 1 is off (HF/vLLM meaning; both only require > 0)
 MAX_LOGIT_BIAS = 100.0  # |logit_bias| values (OpenAI's bound)
 
+StructuredOutputKind = Literal["json_object", "json_schema", "regex"]
+STRUCTURED_OUTPUT_KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """Output constrained by a grammar: any JSON object (json_object), JSON valid under a JSON schema
+    (json_schema; `spec` is the schema as JSON text), or text matching a regular expression (regex;
+    `spec` is the pattern). Compiled and checked by the engine (`validate_structured_output`)."""
+
+    kind: StructuredOutputKind
+    spec: str = ""  # "" for json_object
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_OUTPUT_KINDS:
+            raise StructuredOutputError(f"kind must be one of {STRUCTURED_OUTPUT_KINDS}, got {self.kind!r}")
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -44,6 +60,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: each token's log-prob and the k most likely alternatives
+    structured_output: StructuredOutput | None = None  # None: free text; else every token obeys the grammar
 
     def __post_init__(self) -> None:
         """Raises SamplingParamsError naming the field for a value out of its documented range."""
@@ -94,14 +111,38 @@ class Request:
 
 @dataclass(frozen=True)
 class StepStats:
-    """One engine step: one draft tree and one target pass."""
+    """One request's part of one engine step: its draft tree in the step's one target pass."""
 
-    tree_size: int  # nodes scored by the target, root included
+    tree_size: int  # this request's nodes scored by the target, root included
     num_accepted: int  # draft tokens accepted (bonus token excluded)
     num_emitted: int  # tokens emitted this step (accepted + bonus, after stop truncation)
+    draft_seconds: float  # the step's draft phase (every running request's tree)
+    target_seconds: float  # the step's one target pass (shared by batch_size requests)
+    step_seconds: float
+    batch_size: int = 1  # requests whose trees the pass scored
+    pass_tokens: int = 0  # tokens the pass scored: every request's tree and prompt tokens prefilled in it
+
+
+@dataclass(frozen=True)
+class PassStats:
+    """One engine step as a whole (metrics): one target pass over every running request."""
+
+    num_requests: int  # requests that got tokens from this pass
+    num_tree_nodes: int  # tree nodes scored, every request's root included
+    num_prefill_tokens: int  # prompt tokens written in this pass (joining requests), cache hits excluded
+    num_emitted: int  # tokens emitted to all requests
     draft_seconds: float
     target_seconds: float
     step_seconds: float
+
+
+@dataclass
+class StepOutput:
+    """What one engine step produced: deltas of running requests, requests that failed alone, the pass."""
+
+    deltas: list[TokenDelta] = field(default_factory=list)
+    failures: list[tuple[str, BaseException]] = field(default_factory=list)  # (request_id, error)
+    stats: PassStats | None = None  # None when no target pass ran
 
 
 @dataclass(frozen=True)
@@ -131,6 +172,7 @@ class GenerationStats:
     """Totals over one request."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
     completion_tokens: int = 0
     target_passes: int = 0
     accepted_tokens: int = 0
@@ -139,10 +181,14 @@ class GenerationStats:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
 
-    def add_step(self, stats: StepStats) -> None:
+    def add_step(self, stats: StepStats, decode: bool = True) -> None:
+        """Count a step's tokens; its seconds only if `decode` (a request's first step, which also
+        writes its prompt, is timed as prefill_seconds)."""
         self.target_passes += 1
         self.accepted_tokens += stats.num_accepted
         self.completion_tokens += stats.num_emitted
+        if not decode:
+            return
         self.decode_seconds += stats.step_seconds
         self.draft_seconds += stats.draft_seconds
         self.target_seconds += stats.target_seconds
@@ -173,6 +219,11 @@ class SamplingParamsError(ValueError):
     def __init__(self, field_name: str, message: str):
         self.field = field_name
         super().__init__(f"{field_name} {message}")
+
+
+class StructuredOutputError(ValueError):
+    """A structured-output spec the engine cannot compile: a JSON schema or regex it does not support
+    or cannot parse, or a model without a tokenizer. The message says what is wrong."""
 
 
 class EngineFault(RuntimeError):
@@ -222,19 +273,41 @@ class EngineUnavailable(RuntimeError):
 class GenerationEngine(Protocol):
     """What the server needs of an engine (`engine.runtime.Engine`; the tests' FakeEngine).
 
-    `generate` runs in one worker thread; the other members are read-only after load."""
+    add_request / abort_request / step run in one worker thread (the AsyncEngine's); the other
+    members are read-only after load."""
 
     tokenizer: Any  # a transformers PreTrainedTokenizerBase (chat template, encode, decode)
     model_name: str
     max_context: int  # prompt + completion tokens
     eos_token_ids: frozenset[int]
+    max_running: int  # requests one step serves at most
 
     def validate_request(self, prompt_len: int, max_tokens: int) -> None:
         """Raise ValueError (ContextLengthError when too long) for a request that cannot run."""
         ...
 
-    def generate(self, request: Request, should_abort: Callable[[], bool] | None = None) -> Iterator[TokenDelta]:
-        """One TokenDelta per step; the last has finish_reason and totals. Raises EngineFault on a
-        device failure (the engine cannot serve any request until restarted), OutOfMemory when the
-        device ran out of memory in this request (the next request may run)."""
+    def validate_structured_output(self, spec: StructuredOutput) -> None:
+        """Compile `spec` for this model's tokenizer (cached for the request that follows); raise
+        StructuredOutputError for one that cannot be compiled. Blocking: call it off the event loop."""
+        ...
+
+    @property
+    def can_add(self) -> bool:
+        """Whether add_request takes another request now (fewer than max_running, a free KV slot)."""
+        ...
+
+    def add_request(self, request: Request) -> None:
+        """Admit a request; the next step starts it. Raises ValueError (ContextLengthError) for one
+        that cannot run."""
+        ...
+
+    def abort_request(self, request_id: str) -> TokenDelta | None:
+        """Drop a running request between steps; its final delta (ABORT), None if it is not running."""
+        ...
+
+    def step(self) -> StepOutput:
+        """One engine step over the running requests: a delta for each (the last one of a request has
+        finish_reason and totals), the requests that failed alone (OutOfMemory: the step's requests
+        fail, the next step may run), the pass's stats. Raises EngineFault on a device failure (the
+        engine cannot serve any request until restarted)."""
         ...

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 BENCH_TOOLS = {  # `specexec bench NAME`: module, description
     "offload": ("engine.tools.bench_offload", "pass time resident vs streamed (ram, disk) and GB/s"),
     "quant": ("engine.tools.bench_quant", "bytes per pass and pass time: fp32 vs fp16 vs GPTQ 4-bit"),
+    "structured": ("engine.tools.bench_structured", "tokens per pass and step overhead with and without a JSON schema"),
+    "serve": ("engine.tools.bench_serve", "concurrent streams through the HTTP server: tok/s, TTFT, tokens per pass"),
 }
 
 

@@ -13,6 +13,7 @@ collected (server/generation.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -23,17 +24,18 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from engine.config import EngineConfig
-from engine.types import GenerationEngine, SamplingParams
+from engine.types import GenerationEngine, SamplingParams, StructuredOutputError
 from engine.types import Request as EngineRequest
 from server.choices import choice_request_id, start_choices
 from server.config import ServerConfig
 from server.detok import TextStream
-from server.errors import APIError, authentication_error, install_error_handlers
+from server.errors import APIError, authentication_error, install_error_handlers, invalid_request
 from server.generation import Generation, collect_response
+from server.infill import infill
 from server.limits import read_body
 from server.logprobs import LogprobFormat, TokenTexts
 from server.metrics import CONTENT_TYPE
-from server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, parse_request
 from server.responses import Envelope
 from server.security import HostCheckMiddleware, allowed_hosts, require_json
 from server.shutdown import DrainGate
@@ -84,6 +86,8 @@ def build_app(
     app.add_api_route("/health", health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(_v1_router())
+    app.add_api_route("/infill", infill, methods=["POST"],  # llama.cpp's route (server/infill.py)
+                      dependencies=[Depends(require_api_key), Depends(require_json)])
     return app
 
 
@@ -168,6 +172,9 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
     plan = prompt.tool_plan(req)  # None: no tool calls to read (server/tools/plan.py)
     prompt_ids = await asyncio.to_thread(prompt.prompt_ids, req, plan)
     params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
+    await check_structured_output(state, req)
+    if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
+        params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)
     env = Envelope(chat, state.response_model(req.model), state.fingerprint)
     texts = None if params.logprobs is None else TokenTexts(prompt.tokenizer)
 
@@ -183,3 +190,16 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
     if req.stream:
         return stream_response(gens, env, async_engine, req.include_usage, state.server_config.ping_seconds)
     return await collect_response(request, gens, env)
+
+
+async def check_structured_output(state: ServerState, req: SamplingRequest) -> None:
+    """Compile the request's grammar (cached for the engine) off the event loop; one the engine cannot
+    compile is a 400 naming the field that asked for it."""
+    grammar = req.structured_output()
+    if grammar is None or state.engine is None:
+        return
+    param, spec = grammar
+    try:
+        await asyncio.to_thread(state.engine.validate_structured_output, spec)
+    except StructuredOutputError as exc:
+        raise invalid_request(f"Invalid '{param}': {exc}.", param, "invalid_value") from None

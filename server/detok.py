@@ -112,6 +112,11 @@ class TextStream:
     def stopped(self) -> bool:
         return self._stop.matched is not None
 
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the text, if one did."""
+        return self._stop.matched
+
     def feed(self, token_ids: Sequence[int]) -> str:
         out: list[str] = []
         for token_id in token_ids:

@@ -186,12 +186,14 @@ async def collect_response(request: HTTPRequest, gens: list[Generation], env: En
     return JSONResponse(body, headers={"x-request-id": env.id})
 
 
-def choices_usage(gens: list[Generation]) -> dict[str, int]:
-    """The response's usage: the prompt counted once (as OpenAI does for n > 1), completions summed."""
+def choices_usage(gens: list[Generation]) -> dict[str, Any]:
+    """The response's usage: the prompt counted once (as OpenAI does for n > 1), completions summed;
+    prompt_tokens_details.cached_tokens: prompt tokens the prefix cache served (the first choice's)."""
     prompt_tokens = gens[0].prompt_tokens
     completion_tokens = sum(gen.completion_tokens for gen in gens)
+    cached = gens[0].totals.cached_tokens if gens[0].totals is not None else 0
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def choices_timings(gens: list[Generation]) -> dict[str, Any]:
@@ -211,6 +213,7 @@ def timings(totals: GenerationStats | None, prompt_tokens: int, completion_token
     passes = t.target_passes
     return {
         "prompt_n": prompt_tokens,
+        "cache_n": t.cached_tokens,  # of prompt_n, served by the prefix cache
         "prompt_ms": round(t.prefill_seconds * 1000, 3),
         "prompt_tokens_per_second": _rate(prompt_tokens, t.prefill_seconds),
         "predicted_n": completion_tokens,

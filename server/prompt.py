@@ -9,7 +9,8 @@ from typing import Any
 import jinja2
 
 from engine.types import ContextLengthError
-from server.errors import context_length_error, invalid_request
+from server.errors import context_length_error, invalid_request, unsupported
+from server.fim import FimFormat
 from server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -58,6 +59,8 @@ class PromptBuilder:
             self.chat_template = FALLBACK_CHAT_TEMPLATE
         self.tools = ToolSupport.detect(tokenizer, self.chat_template, tool_parser)
         log.info("chat template: %s", self.tools.describe())
+        self.fim = FimFormat.detect(tokenizer)  # None: no fill-in-the-middle tokens (server/fim.py)
+        log.info("fill-in-the-middle: %s", self.fim.name if self.fim is not None else "none")
 
     def tool_plan(self, request: SamplingRequest) -> ToolPlan | None:
         """How a chat request's tools are served (None: plain text); a 400 for a tool_choice the
@@ -92,11 +95,34 @@ class PromptBuilder:
         value = request.prompt
         if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
             value = value[0]
+        if self.is_fim(request):
+            return self.fim_ids(value, request.suffix or "")
         if isinstance(value, str):
             self.check_chars(value, "prompt")
             return list(self.tokenizer.encode(value, add_special_tokens=True))
         check_token_ids(value, self.vocab_size, "prompt")
         return list(value)
+
+    def is_fim(self, request: SamplingRequest) -> bool:
+        """A completion with `suffix` is fill-in-the-middle; an empty suffix on a model without FIM
+        tokens is a plain completion, a non-empty one a 400 naming `suffix`."""
+        if not isinstance(request, CompletionRequest) or request.suffix is None:
+            return False
+        if self.fim is None and request.suffix:
+            raise unsupported("suffix", "This model has no fill-in-the-middle tokens (such as <|fim_prefix|>, "
+                              "<fim_prefix> or <PRE>), so 'suffix' is not supported.")
+        return self.fim is not None
+
+    def fim_ids(self, prompt: str | list[int], suffix: str) -> list[int]:
+        if not isinstance(prompt, str):
+            raise invalid_request("'suffix' needs the prompt as text, not token ids.", "suffix")
+        self.check_chars(prompt + suffix, "prompt")
+        assert self.fim is not None
+        return self.fim.prompt_ids(prompt, suffix)
+
+    def stop_ids(self, request: SamplingRequest) -> tuple[int, ...]:
+        """Token ids that end this request beyond EOS and `stop_token_ids` (FIM end markers)."""
+        return self.fim.stop_ids if self.fim is not None and self.is_fim(request) else ()
 
     def check_chars(self, text: str, param: str) -> None:
         """A 400 context_length_exceeded for text too long to fit the context, without tokenizing it."""

@@ -8,12 +8,19 @@ unknown fields are ignored. A supported-but-unimplemented option with a value th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.types import MAX_LOGIT_BIAS, REPETITION_PENALTY_RANGE, SamplingParams, SamplingParamsError
+from engine.types import (
+    MAX_LOGIT_BIAS,
+    REPETITION_PENALTY_RANGE,
+    SamplingParams,
+    SamplingParamsError,
+    StructuredOutput,
+)
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
 
@@ -79,6 +86,18 @@ class NamedToolChoice(_Model):
     function: FunctionName
 
 
+class JsonSchemaFormat(_Model):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # None: any JSON object
+    strict: bool | None = None  # the grammar is always strict (only what the schema names)
+
+
+class ResponseFormat(_Model):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingRequest(_Model):
     """Fields shared by /v1/chat/completions and /v1/completions (OpenAI plus vLLM-style extras)."""
 
@@ -101,6 +120,9 @@ class SamplingRequest(_Model):
     repetition_penalty: float | None = Field(None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])
     ignore_eos: bool | None = False
     stop_token_ids: list[int] | None = None
+    response_format: ResponseFormat | None = None
+    guided_json: str | dict[str, Any] | None = None  # vLLM: a JSON schema
+    guided_regex: str | None = None  # vLLM: a regular expression
 
     prompt_param: ClassVar[str]  # the field that holds the prompt, named by prompt errors
 
@@ -115,6 +137,20 @@ class SamplingRequest(_Model):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def structured_output(self) -> tuple[str, StructuredOutput] | None:
+        """The grammar the output must follow and the request field that asks for it (None: free text)."""
+        if self.guided_json is not None:
+            schema = self.guided_json if isinstance(self.guided_json, str) else json.dumps(self.guided_json)
+            return "guided_json", StructuredOutput("json_schema", schema)
+        if self.guided_regex is not None:
+            return "guided_regex", StructuredOutput("regex", self.guided_regex)
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_schema" and fmt.json_schema is not None and fmt.json_schema.schema_ is not None:
+            return "response_format", StructuredOutput("json_schema", json.dumps(fmt.json_schema.schema_))
+        return "response_format", StructuredOutput("json_object")
 
     @property
     def include_usage(self) -> bool:
@@ -143,6 +179,7 @@ class SamplingRequest(_Model):
             stop_token_ids=stop_token_ids,
             ignore_eos=bool(self.ignore_eos),
             logprobs=self.num_logprobs(),
+            structured_output=None if (grammar := self.structured_output()) is None else grammar[1],
         )
 
     def _token_logit_bias(self, vocab_size: int) -> dict[int, float]:
@@ -177,7 +214,6 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
 
     prompt_param: ClassVar[str] = "messages"
 
@@ -204,7 +240,7 @@ class CompletionRequest(SamplingRequest):
 _FIELD_NAMES = {
     name
     for cls in (ChatCompletionRequest, CompletionRequest, ChatMessage, ContentPart, StreamOptions, ToolCall,
-                FunctionCall, ToolDefinition, FunctionDefinition, NamedToolChoice)
+                FunctionCall, ToolDefinition, FunctionDefinition, NamedToolChoice, ResponseFormat, JsonSchemaFormat)
     for name in cls.model_fields
 }
 
@@ -252,6 +288,7 @@ def check_supported(request: SamplingRequest) -> None:
         raise invalid_request(f"At most {MAX_STOP_STRINGS} stop sequences are supported.", "stop")
     if any(s == "" for s in stops):
         raise invalid_request("Stop sequences must be non-empty strings.", "stop")
+    _check_structured_output(request)
     if isinstance(request, ChatCompletionRequest):
         _check_chat(request)
     elif isinstance(request, CompletionRequest):
@@ -264,14 +301,26 @@ def _check_chat(request: ChatCompletionRequest) -> None:
     _check_tool_choice(request)
     if request.functions:
         raise unsupported("functions", "Function calling is not supported by this server.")
-    if request.response_format and request.response_format.get("type", "text") != "text":
-        raise unsupported("response_format", "Only response_format type 'text' is supported.")
     for i, message in enumerate(request.messages):
         if isinstance(message.content, list):
             for j, part in enumerate(message.content):
                 if part.type != "text" or part.text is None:
                     raise unsupported(f"messages[{i}].content[{j}]",
                                       f"Only text content parts are supported, got type '{part.type}'.")
+
+
+def _check_structured_output(request: SamplingRequest) -> None:
+    """At most one of response_format (other than text), guided_json, guided_regex; json_schema needs
+    its `json_schema` object. Whether the engine can compile the grammar is checked with the model."""
+    fmt = request.response_format
+    if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is None:
+        raise invalid_request("response_format type 'json_schema' needs 'json_schema': {\"name\": ..., "
+                              "\"schema\": {...}}.", "response_format.json_schema", "missing_required_parameter")
+    given = [name for name, value in (("response_format", fmt is not None and fmt.type != "text"),
+                                      ("guided_json", request.guided_json is not None),
+                                      ("guided_regex", request.guided_regex is not None)) if value]
+    if len(given) > 1:
+        raise invalid_request(f"Give at most one of {', '.join(given)}.", given[1])
 
 
 def _check_tool_choice(request: ChatCompletionRequest) -> None:
@@ -293,8 +342,6 @@ def _check_completion(request: CompletionRequest) -> None:
         raise unsupported("echo", "echo is not supported by this server.")
     if request.best_of is not None and request.best_of > 1:
         raise unsupported("best_of", "Only best_of=1 is supported.")
-    if request.suffix:
-        raise unsupported("suffix", "suffix (fill-in-the-middle) is not supported by this server.")
     prompt = request.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) and len(prompt) > 1:
         raise unsupported("prompt", "Only one prompt per request is supported.")

@@ -51,7 +51,7 @@ class Envelope:
             choice = {"index": index, "text": text}
         return choice | {"logprobs": logprobs, "finish_reason": finish_reason}
 
-    def completion(self, choices: list[dict[str, Any]], usage: dict[str, int],
+    def completion(self, choices: list[dict[str, Any]], usage: dict[str, Any],
                    timings: dict[str, Any]) -> dict[str, Any]:
         head = self._head("chat.completion" if self.chat else "text_completion")
         return head | {"choices": choices, "usage": usage, "timings": timings}
@@ -79,6 +79,6 @@ class Envelope:
             out["timings"] = timings
         return out
 
-    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         object_name = "chat.completion.chunk" if self.chat else "text_completion"
         return self._head(object_name) | {"choices": [], "usage": usage}

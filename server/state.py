@@ -110,13 +110,13 @@ class ServerState:
         )
         max_queue = self.engine_config.limits.max_queue
         async_engine = AsyncEngine(engine, max_queue, on_delta=self.metrics.observe_delta,
-                                   on_finish=self.metrics.observe_finish)
+                                   on_finish=self.metrics.observe_finish, on_step=self.metrics.observe_step)
         self.metrics.bind_async_engine(async_engine)
         async_engine.start()
         self.engine = engine
         self.async_engine = async_engine
-        log.info("serving model %r (max context %d, queue bound %d)", self.model_name, engine.max_context,
-                 max_queue)
+        log.info("serving model %r (max context %d, %d requests per target pass, queue bound %d)",
+                 self.model_name, engine.max_context, engine.max_running, max_queue)
 
     def shutdown(self) -> None:
         if self.async_engine is not None:

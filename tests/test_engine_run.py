@@ -9,7 +9,7 @@ import pytest
 
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.runtime import Engine
-from engine.spec.step import prefill, run_step
+from engine.spec.step import prefill
 from engine.types import ContextLengthError, FinishReason, Request, SamplingParams, VocabMismatchError
 from tests.helpers.tiny_models import build_tokenizer, make_tiny_pair
 
@@ -33,11 +33,12 @@ def load(pair, **spec) -> Engine:
 def test_committed_kv_equals_a_fresh_recompute(pair, method):
     engine = load(pair, method=method, budget=16)
     params = SamplingParams(temperature=0.8, seed=5, max_tokens=100)
-    ctx = engine._step_context(params)
-    seq = engine._start(Request("r", [5, 6, 7, 8], params), ctx)
+    engine.add_request(Request("r", [5, 6, 7, 8], params))
     for _ in range(6):
-        run_step(ctx, seq)
-    for runner, cache in ((ctx.target, ctx.target_cache), (ctx.drafter.runner, ctx.drafter.cache)):
+        engine.step()
+    running = engine.scheduler.running[0]
+    ctx, seq = running.ctx, running.seq
+    for runner, cache in ((engine.pair.target, ctx.target_cache), (ctx.drafter.runner, ctx.drafter.cache)):
         length = cache.length
         assert length <= len(seq.token_ids) - 1
         fresh = runner.new_cache(length + 1)

@@ -58,3 +58,11 @@ class KVCache:
         self.values[:, :, start:end] = self.values[:, :, slots]
         self.positions[start:end] = self.positions[slots]
         self.length = end
+
+    def copy_prefix(self, source: KVCache, length: int) -> None:
+        """Slots [0, length) of `source` (every layer, positions too) become this cache's committed prefix."""
+        assert length <= min(self.capacity, source.length), f"copy of {length} slots from {source.length}"
+        self.keys[:, :, :length] = source.keys[:, :, :length]
+        self.values[:, :, :length] = source.values[:, :, :length]
+        self.positions[:length] = source.positions[:length]
+        self.length = length

@@ -56,6 +56,8 @@ class PlanInputs:
     streamed: bool  # the target streams layers: prefill keeps the whole prompt's hidden states
     logits_processing_bytes: int  # processing a tree's logits beyond the raw [n, vocab] fp32 logits
     reserve_bytes: int = 0  # kept free for kernels and the allocator
+    max_running: int = 1  # trees per target pass (their roots add to the budget's nodes)
+    kv_slots: int = 1  # target + draft KV cache pairs: running requests plus prefix cache
 
 
 @dataclass(frozen=True)
@@ -123,11 +125,11 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     target_capacity, draft_capacity = cache_capacities(
         inputs.max_context, inputs.budget, inputs.max_depth, inputs.max_expand
     )
-    nodes = inputs.budget + 1  # tree nodes scored by one target pass
+    nodes = inputs.budget + inputs.max_running  # tree nodes scored by one target pass, every root included
     chunk = min(inputs.prefill_chunk, inputs.max_context)
     items = [PlanItem(name, nbytes, True) for name, nbytes in inputs.loaded.items()]
     items += [
-        PlanItem("target KV cache", kv_cache_bytes(target, target_capacity), False),
+        PlanItem("target KV caches", inputs.kv_slots * kv_cache_bytes(target, target_capacity), False),
         PlanItem("target logits", nodes * target.vocab_size * (target.dtype_bytes + 4), False),
         PlanItem("logits processing", inputs.logits_processing_bytes, False),
         PlanItem("target masks", mask_bytes(target, max(nodes, chunk), target_capacity), False),
@@ -137,9 +139,9 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
         items.append(PlanItem("prefill hidden states", 2 * inputs.max_context * target.hidden_size
                               * target.dtype_bytes, False))
     if draft is not None:
-        rows = min(inputs.max_expand, nodes)  # nodes per draft forward
+        rows = min(inputs.max_expand, inputs.budget + 1)  # nodes per draft forward (one tree at a time)
         items += [
-            PlanItem("draft KV cache", kv_cache_bytes(draft, draft_capacity), False),
+            PlanItem("draft KV caches", inputs.kv_slots * kv_cache_bytes(draft, draft_capacity), False),
             PlanItem("draft logits", rows * draft.vocab_size * 4 * 3, False),  # logits, log-probs, top-k
             PlanItem("draft masks", mask_bytes(draft, max(rows, chunk), draft_capacity), False),
             PlanItem("draft activations", activation_bytes(draft, max(rows, chunk)), False),
@@ -241,3 +243,12 @@ def loaded_bytes(
         modules = [draft.embed_tokens, draft.norm, draft.lm_head, draft.rotary_emb, *draft.hf_layers]
         loaded["draft weights"] = device_bytes(module_tensors(modules), device)
     return loaded
+
+
+def kv_slots_that_fit(inputs: PlanInputs, free_bytes: int) -> int:
+    """How many KV slots (a target and a draft cache each) fit in `free_bytes` beside the rest of the
+    plan (inputs.kv_slots ignored); 0 when not even one does."""
+    one = plan_memory(dataclasses.replace(inputs, kv_slots=1))
+    per_slot = one.bytes_of("target KV caches") + one.bytes_of("draft KV caches")
+    spare = free_bytes - one.to_allocate
+    return 0 if spare < 0 else 1 + spare // max(per_slot, 1)

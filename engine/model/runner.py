@@ -15,14 +15,21 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from engine.model.attention import (
+    additive_mask,
+    attend,
+    attention_backends,
+    causal_additive_mask,
+    causal_allowed,
+    rotate_half,
+    window_masks,
+)
 from engine.model.kv_cache import KVCache
 
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "MixtralForCausalLM")
-MASK_ALIGN = 16  # mask rows start at multiples of 16 elements, as the memory-efficient kernel reads them
 
 
 class LayerSource(Protocol):
@@ -51,84 +58,44 @@ class ResidentLayers:
 
 
 @dataclass
-class PassInputs:
-    """What every layer of one pass shares."""
+class Segment:
+    """One sequence's tokens in a pass: input_ids [n] written to `cache` slots [start_slot, start_slot + n)."""
 
-    cos: torch.Tensor  # [1, n, head_dim]
-    sin: torch.Tensor  # [1, n, head_dim]
+    input_ids: torch.Tensor  # [n] long
+    position_ids: torch.Tensor  # [n] long
     cache: KVCache
     start_slot: int
-    masks: dict[int | None, torch.Tensor]  # sliding window -> additive [1, 1, n, kv_len]
+    allowed: torch.Tensor | None  # [n, start_slot + n] bool; None: causal, each token at position == slot
+    logit_rows: torch.Tensor | None = None  # rows that need logits (None: all; empty: none)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+@dataclass
+class SegmentInputs:
+    cache: KVCache
+    start_slot: int
+    row_begin: int  # the segment's rows in its group's [1, rows, hidden] block
+    row_end: int
+    masks: dict[int | None, torch.Tensor] | None  # sliding window -> additive mask; None: causal prefill
 
 
-def attention_backends(device: torch.device) -> list[SDPBackend]:
-    """The SDPA kernels a pass enables on `device` (SDPA tries them in its own priority order).
+@dataclass
+class GroupInputs:
+    """What every layer of one pass shares for one group of segments."""
 
-    CUDA: the memory-efficient kernel takes an arbitrary additive mask at any size (flash takes no
-    mask, cuDNN is left out); CPU: the flash kernel takes masks. Math is the fallback."""
-    if device.type == "cuda":  # CUDA-only
-        return [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    return [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
-
-
-def masked_rows(num_tokens: int, kv_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[n, kv_len rounded up to MASK_ALIGN] filled with finfo.min: storage for aligned mask rows."""
-    padded_len = -(-kv_len // MASK_ALIGN) * MASK_ALIGN
-    return torch.full((num_tokens, padded_len), torch.finfo(dtype).min, dtype=dtype, device=device)
+    cos: torch.Tensor  # [1, rows, head_dim]
+    sin: torch.Tensor  # [1, rows, head_dim]
+    segments: list[SegmentInputs]
 
 
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, n, kv_len] additive mask (0 where allowed, finfo.min elsewhere) whose rows start at
-    MASK_ALIGN-aligned offsets: a view of masked_rows storage, the padding masked too."""
-    num_tokens, kv_len = allowed.shape
-    mask = masked_rows(num_tokens, kv_len, dtype, allowed.device)
-    mask[:, :kv_len].masked_fill_(allowed, 0.0)
-    return mask[None, None, :, :kv_len]
-
-
-def causal_additive_mask(num_tokens: int, start_slot: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """additive_mask(causal_allowed(num_tokens, start_slot)) without the bool mask: [1, 1, n, start_slot + n]."""
-    kv_len = start_slot + num_tokens
-    mask = masked_rows(num_tokens, kv_len, dtype, device)
-    mask[:, :start_slot] = 0.0
-    mask[:, start_slot:kv_len].triu_(1)  # token i sees its own chunk's slots up to start_slot + i
-    return mask[None, None, :, :kv_len]
-
-
-def attend(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Grouped-query attention with an additive mask, in a layout the memory-efficient kernel takes.
-
-    query: [heads, n, head_dim]; keys, values: [kv_heads, kv_len, head_dim]; mask: [1, 1, n, kv_len].
-    Query head h reads KV head h // group (group = heads // kv_heads). Each KV head is one batch
-    entry whose heads are its query group: K/V expand over the group as stride-0 views and the mask
-    broadcasts, so nothing is copied. SDPA picks among the kernels the caller enabled (see
-    attention_backends). Returns [n, heads, head_dim]."""
-    num_heads, num_tokens, head_dim = query.shape
-    num_kv_heads, kv_len = keys.shape[:2]
-    group = num_heads // num_kv_heads
-    grouped = query.unflatten(0, (num_kv_heads, group))  # [kv_heads, group, n, head_dim]
-    shape = (num_kv_heads, group, kv_len, head_dim)
-    out = F.scaled_dot_product_attention(
-        grouped, keys[:, None].expand(shape), values[:, None].expand(shape), attn_mask=mask, scale=scale
-    )  # [kv_heads, group, n, head_dim]
-    return out.permute(2, 0, 1, 3).reshape(num_tokens, num_heads, head_dim)
-
-
-def causal_allowed(num_tokens: int, start_slot: int, device: torch.device) -> torch.Tensor:
-    """[n, start_slot + n] bool: token i (at slot start_slot + i) sees slots [0, start_slot + i]."""
-    slots = torch.arange(start_slot + num_tokens, device=device)
-    return slots[None, :] <= slots[start_slot:, None]
+def prefill_groups(input_ids: torch.Tensor, cache: KVCache, start_slot: int, chunk_len: int) -> list[list[Segment]]:
+    """Causal prefill of input_ids ([L]) at slots (= positions) from start_slot, one group per chunk."""
+    groups = []
+    for begin in range(0, input_ids.shape[0], chunk_len):
+        chunk = input_ids[begin : begin + chunk_len]
+        positions = torch.arange(start_slot + begin, start_slot + begin + chunk.shape[0], device=chunk.device)
+        no_rows = positions[:0]
+        groups.append([Segment(chunk, positions, cache, start_slot + begin, None, no_rows)])
+    return groups
 
 
 class DecoderRunner:
@@ -188,26 +155,9 @@ class DecoderRunner:
         """Score `input_ids` ([n]) written to cache slots [start_slot, start_slot + n).
 
         allowed: [n, start_slot + n] bool, True where a token may attend a slot.
-        logit_rows: which of the n rows need logits (None: all). Returns [rows, vocab] float32.
-        """
-        num_tokens = input_ids.shape[0]
-        kv_len = start_slot + num_tokens
-        assert allowed.shape == (num_tokens, kv_len), f"mask {tuple(allowed.shape)} != {(num_tokens, kv_len)}"
-        cache.write_positions(start_slot, position_ids)
-        masks = self._masks(allowed, position_ids, cache.positions[:kv_len], set(self.windows))
-        hidden = self.embed_tokens(input_ids)[None]  # [1, n, hidden]
-        cos, sin = self.rotary_emb(hidden, position_ids[None])  # [1, n, head_dim]
-        inputs = PassInputs(cos, sin, cache, start_slot, masks)
-        self.layers.begin_pass()
-        with self._attention_kernels():
-            for idx in range(self.layers.num_layers):
-                with self.layers.layer(idx) as layer:
-                    hidden = self._layer(layer, idx, hidden, inputs)
-        if logit_rows is not None:
-            if logit_rows.numel() == 0:
-                return None
-            hidden = hidden[:, logit_rows]
-        return self.lm_head(self.norm(hidden))[0].float()  # [rows, vocab]
+        logit_rows: which of the n rows need logits (None: all). Returns [rows, vocab] float32."""
+        segment = Segment(input_ids, position_ids, cache, start_slot, allowed, logit_rows)
+        return self.forward_groups([[segment]])[0][0]
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, cache: KVCache, chunk_len: int) -> None:
@@ -216,35 +166,76 @@ class DecoderRunner:
 
         Layer-major, one pass over the layers: each layer runs every `chunk_len`-token chunk in order
         while it is on the device; chunk c reads the slots that chunks <= c wrote at that layer."""
-        start, num_tokens = cache.length, input_ids.shape[0]
-        positions = torch.arange(start, start + num_tokens, device=input_ids.device)  # [L]
-        cache.write_positions(start, positions)
-        hidden = self.embed_tokens(input_ids)[None]  # [1, L, hidden]
-        cos, sin = self.rotary_emb(hidden, positions[None])  # [1, L, head_dim]
-        bounds = [(begin, min(begin + chunk_len, num_tokens)) for begin in range(0, num_tokens, chunk_len)]
-        chunks = [hidden[:, begin:end] for begin, end in bounds]  # each [1, chunk, hidden]
+        self.forward_groups(prefill_groups(input_ids, cache, cache.length, chunk_len))
+
+    @torch.inference_mode()
+    def forward_groups(self, groups: list[list[Segment]]) -> list[list[torch.Tensor | None]]:
+        """One pass over the layers for every segment (each its own cache, slots, positions, mask).
+
+        At each layer the groups run in order; a group's segments share the dense work (norms,
+        projections, MLP) as one [1, rows, hidden] block, and each attends over its own cache. A
+        segment sees what earlier groups wrote at that layer (prefill chunks, then trees after them).
+        Returns, per group and segment, [rows, vocab] float32 logits (None where no rows are asked)."""
+        plans = [self._group_inputs(group) for group in groups]
+        hidden = [self.embed_tokens(torch.cat([s.input_ids for s in group]))[None] for group in groups]
         self.layers.begin_pass()
         with self._attention_kernels():
             for idx in range(self.layers.num_layers):
-                window = self.windows[idx]
                 with self.layers.layer(idx) as layer:
-                    for c, (begin, end) in enumerate(bounds):
-                        masks = {window: self._prefill_mask(window, start + begin, end - begin, cache)}
-                        inputs = PassInputs(cos[:, begin:end], sin[:, begin:end], cache, start + begin, masks)
-                        chunks[c] = self._layer(layer, idx, chunks[c], inputs)
+                    for g, plan in enumerate(plans):
+                        hidden[g] = self._layer(layer, idx, hidden[g], plan)
+        return [self._logits(group, plan, h) for group, plan, h in zip(groups, plans, hidden, strict=True)]
+
+    def _group_inputs(self, group: list[Segment]) -> GroupInputs:
+        """Positions written to each cache; masks for segments with an explicit `allowed`."""
+        positions = torch.cat([s.position_ids for s in group])  # [rows]
+        cos, sin = self.rotary_emb(self.embed_tokens.weight[:1, None], positions[None])  # [1, rows, head_dim]
+        inputs, row = [], 0
+        for s in group:
+            num_tokens = s.input_ids.shape[0]
+            kv_len = s.start_slot + num_tokens
+            s.cache.write_positions(s.start_slot, s.position_ids)
+            masks = None
+            if s.allowed is not None:
+                assert s.allowed.shape == (num_tokens, kv_len), f"mask {tuple(s.allowed.shape)} != {(num_tokens, kv_len)}"
+                masks = window_masks(s.allowed, s.position_ids, s.cache.positions[:kv_len], set(self.windows), self.dtype)
+            inputs.append(SegmentInputs(s.cache, s.start_slot, row, row + num_tokens, masks))
+            row += num_tokens
+        return GroupInputs(cos, sin, inputs)
+
+    def _logits(self, group: list[Segment], plan: GroupInputs, hidden: torch.Tensor) -> list[torch.Tensor | None]:
+        """norm + head over the rows the segments ask for, in one call; split back per segment."""
+        rows, counts = [], []
+        for s, inputs in zip(group, plan.segments, strict=True):
+            wanted = torch.arange(inputs.row_begin, inputs.row_end, device=hidden.device)
+            if s.logit_rows is not None:
+                wanted = wanted[s.logit_rows]
+            rows.append(wanted)
+            counts.append(wanted.shape[0])
+        if sum(counts) == 0:
+            return [None] * len(group)
+        all_rows = torch.cat(rows)
+        selected = hidden if all_rows.shape[0] == hidden.shape[1] else hidden[:, all_rows]
+        logits = self.lm_head(self.norm(selected))[0].float()  # [sum(counts), vocab]
+        parts = logits.split(counts)
+        return [part if count else None for part, count in zip(parts, counts, strict=True)]
 
     def _attention_kernels(self) -> AbstractContextManager[None]:
         """Enables the SDPA kernels of this pass: attention_backends, unless a check pinned its own."""
         return sdpa_kernel(self.attention_backends or attention_backends(self.device))
 
-    def _prefill_mask(self, window: int | None, start_slot: int, num_tokens: int, cache: KVCache) -> torch.Tensor:
-        """[1, 1, n, start_slot + n] causal mask of prompt tokens (slot == position) under `window`."""
+    def _mask(self, inputs: SegmentInputs, window: int | None) -> torch.Tensor:
+        """The segment's additive mask under `window`: precomputed, or (a causal prefill chunk, slot ==
+        position) made here, per layer, so a long prompt never holds every chunk's mask at once."""
+        if inputs.masks is not None:
+            return inputs.masks[window]
+        num_tokens, start_slot, cache = inputs.row_end - inputs.row_begin, inputs.start_slot, inputs.cache
         kv_len = start_slot + num_tokens
         if window is None or kv_len <= window:  # the window does not bind
             return causal_additive_mask(num_tokens, start_slot, self.dtype, cache.device)
         allowed = causal_allowed(num_tokens, start_slot, cache.device)
         positions = cache.positions[:kv_len]
-        return self._masks(allowed, positions[start_slot:], positions, {window})[window]
+        return window_masks(allowed, positions[start_slot:], positions, {window}, self.dtype)[window]
 
     def attention_accepts(self, backend: SDPBackend, cache: KVCache, num_tokens: int) -> bool:
         """Whether `backend` alone runs this model's attention over `num_tokens` new tokens after the
@@ -261,37 +252,25 @@ class DecoderRunner:
             return False
         return True
 
-    def _masks(
-        self,
-        allowed: torch.Tensor,
-        position_ids: torch.Tensor,
-        kv_positions: torch.Tensor,
-        windows: set[int | None],
-    ) -> dict[int | None, torch.Tensor]:
-        """Additive masks ([1, 1, n, kv_len], aligned rows) for each sliding window in `windows`."""
-        masks: dict[int | None, torch.Tensor] = {}
-        for window in windows:
-            ok = allowed
-            if window is not None:
-                ok = ok & ((position_ids[:, None] - kv_positions[None, :]) < window)
-            masks[window] = additive_mask(ok, self.dtype)
-        return masks
-
-    def _layer(self, layer: nn.Module, idx: int, hidden: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
+    def _layer(self, layer: nn.Module, idx: int, hidden: torch.Tensor, plan: GroupInputs) -> torch.Tensor:
         attn_in = layer.input_layernorm(hidden)
-        hidden = hidden + self._attention(layer.self_attn, idx, attn_in, inputs)
+        hidden = hidden + self._attention(layer.self_attn, idx, attn_in, plan)
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
-    def _attention(self, attn: nn.Module, idx: int, hidden: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
-        num_tokens = hidden.shape[1]
-        cos, sin, cache, start_slot = inputs.cos, inputs.sin, inputs.cache, inputs.start_slot
-        query = attn.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim).transpose(0, 1)
-        key = attn.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        value = attn.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        query = query * cos + rotate_half(query) * sin  # [heads, n, head_dim]
-        key = key * cos + rotate_half(key) * sin  # [kv_heads, n, head_dim]
-        cache.write(idx, start_slot, key, value)
-        keys, values = cache.view(idx, start_slot + num_tokens)  # [kv_heads, kv_len, head_dim]
-        mask = inputs.masks[self.windows[idx]]
-        out = attend(query, keys, values, mask, attn.scaling)  # [n, heads, head_dim]
-        return attn.o_proj(out.reshape(1, num_tokens, self.num_heads * self.head_dim))
+    def _attention(self, attn: nn.Module, idx: int, hidden: torch.Tensor, plan: GroupInputs) -> torch.Tensor:
+        """hidden: [1, rows, hidden] of every segment in the group; each attends over its own cache."""
+        num_rows = hidden.shape[1]
+        query = attn.q_proj(hidden).view(num_rows, self.num_heads, self.head_dim).transpose(0, 1)
+        key = attn.k_proj(hidden).view(num_rows, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        value = attn.v_proj(hidden).view(num_rows, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        query = query * plan.cos + rotate_half(query) * plan.sin  # [heads, rows, head_dim]
+        key = key * plan.cos + rotate_half(key) * plan.sin  # [kv_heads, rows, head_dim]
+        outs = []
+        for s in plan.segments:
+            rows = slice(s.row_begin, s.row_end)
+            s.cache.write(idx, s.start_slot, key[:, rows], value[:, rows])
+            keys, values = s.cache.view(idx, s.start_slot + s.row_end - s.row_begin)  # [kv_heads, kv_len, head_dim]
+            mask = self._mask(s, self.windows[idx])
+            outs.append(attend(query[:, rows], keys, values, mask, attn.scaling))  # [n, heads, head_dim]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [rows, heads, head_dim]
+        return attn.o_proj(out.reshape(1, num_rows, self.num_heads * self.head_dim))

@@ -196,6 +196,15 @@ class BudgetTracker:
             self._update_curve(key, np.asarray(curve[:budget], dtype=np.float64))
         self._rechoose()
 
+    def observe_curve(self, key: AcceptanceKey, curve: list[float] | None) -> None:
+        """After a step shared with other requests: its acceptance only (its times belong to no one
+        budget)."""
+        _budget, forced, discard = self._current
+        if discard or forced or not curve:
+            return
+        self._update_curve(key, np.asarray(curve[: self.max_budget], dtype=np.float64))
+        self._rechoose()
+
     def _update_curve(self, key: AcceptanceKey, values: np.ndarray) -> None:
         """EMA per budget, with the decay counted in steps of this key: an entry last seen k steps
         ago (a probed budget) moves by 1 - (1 - alpha)^k, as if it had been seen every step."""
@@ -239,3 +248,43 @@ class BudgetTracker:
             "target_seconds": dict(sorted(self.target_seconds.items())),
             "observed_steps": self.num_steps,
         }
+
+
+def split_budget(curves: list[np.ndarray | None], total: int, quantum: int | None = None) -> list[int]:
+    """Share `total` tree nodes among running sequences by marginal expected accepted tokens.
+
+    curves[i]: [m_i + 1] E[accepted] of sequence i's tree at budgets 0..m_i (NaN where never seen), or
+    None when unknown (it gets what an average known curve would). Every sequence first gets an even
+    floor of half the total (so each keeps exploring), then quanta go one by one to the largest gain
+    f_i(b_i + quantum) - f_i(b_i), curves read through `best_known` and extended past their end along
+    their last segment (interpolate_all). Concave curves make this greedy split optimal. Returns budgets
+    summing to `total` (a single sequence gets all of it)."""
+    count = len(curves)
+    if count == 1:
+        return [total]
+    floor = max(1, total // (2 * count)) if total >= count else 0
+    budgets = [floor] * count
+    left = total - floor * count
+    quantum = quantum or max(1, total // 64)
+    grid = np.arange(total + quantum + 1)
+    known = [c for c in curves if c is not None and np.isfinite(c[1:]).any()]
+    fallback = (
+        np.mean([extend_curve(c, grid) for c in known], axis=0) if known else np.log1p(grid.astype(np.float64))
+    )
+    values = [fallback if c is None or not np.isfinite(c[1:]).any() else extend_curve(c, grid) for c in curves]
+    while left > 0:
+        step = min(quantum, left)
+        gains = [values[i][budgets[i] + step] - values[i][budgets[i]] for i in range(count)]
+        best = max(range(count), key=lambda i: (gains[i], -budgets[i]))
+        budgets[best] += step
+        left -= step
+    return budgets
+
+
+def extend_curve(curve: np.ndarray, budgets: np.ndarray) -> np.ndarray:
+    """E[accepted] at `budgets` from a partly seen curve: best known values at the seen budgets,
+    linear between them and along the last segment past them."""
+    best = best_known(curve)
+    seen = {int(b): float(best[b]) for b in np.flatnonzero(np.isfinite(curve)) if b <= len(curve) - 1}
+    seen.setdefault(0, 0.0)
+    return interpolate_all(seen, budgets.tolist())

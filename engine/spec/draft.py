@@ -20,6 +20,9 @@ from engine.spec.sampling import apply_logit_bias, process_logits
 from engine.spec.tree import Tree, append_nodes, causal_mask
 from engine.types import SamplingParams
 
+# mask(tree, nodes [k]) -> [k, vocab] bool: the tokens a grammar allows after each node (structured output)
+MaskFn = Callable[[Tree, torch.Tensor], torch.Tensor]
+
 
 @dataclass
 class GrowLimits:
@@ -95,6 +98,21 @@ def draft_log_probs(logits: torch.Tensor, params: SamplingParams, greedy_tempera
     return logits.log_softmax(dim=-1)
 
 
+def restrict(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """[k, draft vocab] logits or log-probs -> the same at -inf where `allowed` ([k, vocab] bool) is
+    False; ids past `allowed`'s width are forbidden. Out of place."""
+    width = scores.shape[1]
+    if allowed.shape[1] < width:
+        allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[1]))
+    return scores.masked_fill(~allowed[:, :width], float("-inf"))
+
+
+def renormalise(log_probs: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """[k, vocab] log-probs conditioned on `allowed` ([k, vocab] bool). A row with nothing allowed
+    becomes NaN, which proposes no children (add_best_children keeps finite scores only)."""
+    return restrict(log_probs, allowed).log_softmax(dim=-1)
+
+
 def root_tree(root_id: int, root_slot: int, device: torch.device) -> Tree:
     tree = Tree.single(root_id, device)
     tree.draft_slots[0] = root_slot
@@ -108,9 +126,11 @@ def grow_tree(
     params: SamplingParams,
     spec: SpeculationConfig,
     limits: GrowLimits,
+    mask: MaskFn | None = None,
 ) -> Tree:
     """SpecExec: best-first expansion of the K best unexpanded leaves per draft forward, each
-    proposing its top-w children; keep the `budget` best nodes by cumulative draft log-prob."""
+    proposing its top-w children; keep the `budget` best nodes by cumulative draft log-prob. With
+    `mask`, children it forbids are never proposed."""
     root_logits = drafter.catch_up(pending_ids, root_id)
     tree = root_tree(root_id, drafter.cache.length, root_logits.device)
 
@@ -118,7 +138,7 @@ def grow_tree(
         return draft_log_probs(drafter.expand(tree, selected), params, spec.greedy_tree_temperature)
 
     root_log_probs = draft_log_probs(root_logits, params, spec.greedy_tree_temperature)
-    return best_first_search(tree, root_log_probs, expand, spec, limits, drafter.room)
+    return best_first_search(tree, root_log_probs, expand, spec, limits, drafter.room, mask)
 
 
 def best_first_search(
@@ -128,12 +148,16 @@ def best_first_search(
     spec: SpeculationConfig,
     limits: GrowLimits,
     room: Callable[[], int],
+    mask: MaskFn | None = None,
 ) -> Tree:
-    """The search loop over a root-only tree. expand(tree, selected [k]) -> [k, vocab] draft log-probs."""
+    """The search loop over a root-only tree. expand(tree, selected [k]) -> [k, vocab] draft log-probs;
+    mask: every expanded node's log-probs (the root's included) are conditioned on what it allows."""
     expanded = torch.ones(1, dtype=torch.bool, device=root_log_probs.device)
     selected = torch.zeros(1, dtype=torch.long, device=root_log_probs.device)
     log_probs = root_log_probs
     for forward_idx in range(limits.max_depth):
+        if mask is not None:
+            log_probs = renormalise(log_probs, mask(tree, selected))
         tree, expanded = add_best_children(tree, expanded, selected, log_probs, spec, limits.budget)
         if forward_idx == limits.max_depth - 1:
             break
@@ -202,20 +226,25 @@ def grow_sampled_tree(
     params: SamplingParams,
     limits: GrowLimits,
     generator: torch.Generator,
+    mask: MaskFn | None = None,
 ) -> Tree:
     """SpecInfer baseline: `num_chains` children of the root drawn i.i.d. from the draft's processed
     distribution (top ones when greedy), each continued as a sampled chain; about sqrt(budget)
-    chains of about sqrt(budget) tokens, capped at max_depth."""
+    chains of about sqrt(budget) tokens, capped at max_depth. With `mask`, the draft distribution at
+    each node is conditioned on the tokens it allows (tree.draft_probs is that distribution)."""
     depth = max(1, min(limits.max_depth, round(math.sqrt(limits.budget))))
     num_chains = max(1, limits.budget // depth)
     draft_params = SamplingParams(
         temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
         logit_bias=params.logit_bias,
     )
-    probs = process_logits(drafter.catch_up(pending_ids, root_id), draft_params).softmax(dim=-1)
-    tree = root_tree(root_id, drafter.cache.length, probs.device)
+    root_logits = drafter.catch_up(pending_ids, root_id)
+    tree = root_tree(root_id, drafter.cache.length, root_logits.device)
+    frontier = torch.zeros(1, dtype=torch.long, device=root_logits.device)
+    if mask is not None:
+        root_logits = restrict(root_logits, mask(tree, frontier))
+    probs = process_logits(root_logits, draft_params).softmax(dim=-1)
     tree.draft_probs = probs
-    frontier = torch.zeros(1, dtype=torch.long, device=probs.device)
     for level in range(depth):
         draws = num_chains if level == 0 else 1
         if params.greedy:
@@ -223,13 +252,20 @@ def grow_sampled_tree(
         else:
             child_ids = torch.multinomial(probs, draws, replacement=True, generator=generator)
         child_parents = frontier.repeat_interleave(draws)
+        child_ids = child_ids.flatten()
+        if mask is not None:  # greedy top-k may pick tokens of probability 0: the grammar forbids them
+            rows = torch.arange(frontier.shape[0], device=probs.device).repeat_interleave(draws)
+            possible = probs[rows, child_ids] > 0
+            child_parents, child_ids = child_parents[possible], child_ids[possible]
         first_new = tree.num_nodes
-        tree = append_children(tree, child_parents, child_ids.flatten(), probs.shape[1])
+        tree = append_children(tree, child_parents, child_ids, probs.shape[1])
         frontier = torch.arange(first_new, tree.num_nodes, device=probs.device)
         frontier = frontier[~limits.stop_mask[tree.token_ids[frontier]]]
         if level == depth - 1 or frontier.numel() == 0 or drafter.room() < frontier.numel():
             break
         logits = drafter.expand(tree, frontier)
+        if mask is not None:
+            logits = restrict(logits, mask(tree, frontier))
         probs = process_logits(logits, draft_params).softmax(dim=-1)
         tree.draft_probs[frontier] = probs
     return tree

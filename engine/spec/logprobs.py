@@ -4,8 +4,10 @@ A step emits m tokens: the accepted path's tokens after the root, then the bonus
 (0-based) was drawn at path node path[j], so its log-prob is row path[j] of the processed logits
 (NodeLogits: penalties from that node's own path, then temperature, top_k, top_p, min_p; greedy
 requests stop after the penalties: the logits before temperature, so without penalties the raw
-log-probabilities, which vLLM reports by default). Only the m path rows are processed here, in
-blocks, and the result stays on the device until the step's one `.tolist()`.
+log-probabilities, which vLLM reports by default). With structured output the distribution is the
+constrained one (tokens the grammar forbids at -inf, the rest renormalised), the one tokens are drawn
+from. Only the m path rows are processed here, in blocks, and the result stays on the device until
+the step's one `.tolist()`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def path_chain(tree: Tree, path: torch.Tensor) -> Tree:
         scores=tree.scores[path],
         ancestors=tree.ancestors[path][:, path],  # [m, m] lower triangular
         draft_slots=tree.draft_slots[path],
+        allowed=None if tree.allowed is None else tree.allowed[path],
     )
 
 
@@ -49,7 +52,8 @@ def emitted_logprobs(
         return torch.zeros(0, dtype=torch.float64, device=logits.device)
     vocab_size = logits.shape[1]
     num_top = min(params.logprobs, vocab_size)
-    nodes = NodeLogits(path_chain(tree, path), logits[path], params, output_counts, prompt_mask)
+    chain = path_chain(tree, path)
+    nodes = NodeLogits(chain, logits[path], params, output_counts, prompt_mask, chain.allowed)
     parts = []
     for rows in blocks(path.shape[0], block_rows(vocab_size)):
         log_probs = nodes[rows].log_softmax(dim=-1)  # [rows, vocab]

@@ -1,7 +1,8 @@
 """Per-node logits processing and sampling: pure functions with an explicit generator.
 
-Order (as in vLLM): logit_bias, repetition penalty, presence/frequency penalties, temperature,
-top_k, top_p, min_p. Penalties use the counts of generated tokens on each node's own path.
+Order (as in vLLM): the grammar's allowed tokens (structured output), logit_bias, repetition
+penalty, presence/frequency penalties, temperature, top_k, top_p, min_p. Penalties use the counts of
+generated tokens on each node's own path.
 
 A tree's logits are processed in blocks of rows (NodeLogits), so the transient memory of
 processing is bounded by the block size, not by the number of nodes: every step is row-wise.
@@ -9,6 +10,8 @@ processing is bounded by the block size, not by the number of nodes: every step 
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -79,6 +82,35 @@ def apply_logit_bias(logits: torch.Tensor, logit_bias: dict[int, float] | BiasTe
     return logits
 
 
+BITS_PER_WORD = 32  # packed allowed-token masks: bit j of word w is token 32 * w + j
+
+
+@functools.cache
+def byte_bits(device: torch.device) -> torch.Tensor:
+    """[256, 8] bool on `device`: bit i of byte value v (masks are packed lowest bit first, as xgrammar
+    fills them), made once per device."""
+    return (torch.arange(256, device=device)[:, None] >> torch.arange(8, device=device)[None, :]) & 1 == 1
+
+
+def unpack_allowed(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[k, ceil(vocab / 32)] int32 packed masks -> [k, vocab_size] bool (ids past the packed width:
+    False). Transient memory: one [k, vocab] bool and one [k, vocab / 8] long."""
+    assert sys.byteorder == "little", "packed masks are read byte by byte, lowest bit first"
+    as_bytes = bits.contiguous().view(torch.uint8)  # [k, 4 * words]
+    allowed = byte_bits(bits.device)[as_bytes.long()].flatten(1)  # [k, 32 * words]
+    if allowed.shape[1] >= vocab_size:
+        return allowed[:, :vocab_size]
+    return torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]))
+
+
+def apply_allowed(logits: torch.Tensor, bits: torch.Tensor | None) -> torch.Tensor:
+    """[n, vocab] logits with the tokens a grammar forbids at -inf; bits: [n, words] packed masks
+    (None: unconstrained, `logits` returned as is). Out of place."""
+    if bits is None:
+        return logits
+    return logits.masked_fill(~unpack_allowed(bits, logits.shape[1]), NEG_INF)
+
+
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     if top_k <= 0 or top_k >= logits.shape[1]:
         return logits
@@ -145,14 +177,36 @@ def shape_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return apply_min_p(logits, params.min_p)
 
 
-def sample_tokens(logits: torch.Tensor, greedy: bool, generator: torch.Generator) -> torch.Tensor:
-    """One token per row of processed logits [n, vocab]: argmax if greedy, else an independent
-    fresh draw per row (exponential race, equivalent to multinomial)."""
+def sample_tokens(
+    logits: torch.Tensor, greedy: bool, generator: torch.Generator, noise: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One token per row of processed logits [n, vocab]: argmax if greedy, else a draw per row by
+    exponential race (equivalent to multinomial): argmax of p / E with E ~ Exp(1) per entry, fresh
+    from `generator`, or the given `noise` rows ([n, vocab'] with vocab' >= vocab)."""
     if greedy:
         return logits.argmax(dim=-1)
     probs = logits.softmax(dim=-1)
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return probs.div_(noise).argmax(dim=-1)
+    if noise is None:
+        noise = torch.empty_like(probs).exponential_(generator=generator)
+    return probs.div_(noise[:, : probs.shape[1]]).argmax(dim=-1)
+
+
+def position_seed(seed: int, position: int) -> int:
+    """A generator seed for the token at `position` of a sequence sampled with `seed`."""
+    return (seed * 6364136223846793005 + position * 1442695040888963407 + 1) % (1 << 63)
+
+
+def position_noise(seed: int, first_position: int, count: int, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[count, vocab] Exp(1) noise for the tokens at positions first_position .. + count - 1, each row a
+    function of (seed, position) alone. Sample-and-match draws every node at depth d with row d: only
+    one node per depth lies on the accepted walk, so the emitted tokens are exact draws, and a seeded
+    request's output is the same whatever tree, budget or batch it runs in (and without speculation)."""
+    generator = torch.Generator(device=device)
+    rows = torch.empty(count, vocab_size, device=device)
+    for row in range(count):
+        generator.manual_seed(position_seed(seed, first_position + row))
+        rows[row].exponential_(generator=generator)
+    return rows
 
 
 def block_rows(vocab_size: int, block_bytes: int | None = None) -> int:
@@ -175,14 +229,16 @@ def logits_workspace_bytes(vocab_size: int, block_bytes: int | None = None) -> i
 @dataclass(frozen=True)
 class NodeLogits:
     """A tree's processed logits, computed on demand from each node's own path: `nodes[a:b]` is
-    process_logits of rows a..b-1 ([b - a, vocab] fp32), equal to those rows of the whole matrix.
-    Nothing of size [n, vocab] is made besides `raw`."""
+    process_logits of rows a..b-1 ([b - a, vocab] fp32), equal to those rows of the whole matrix,
+    after the tokens `allowed` forbids are set to -inf (so greedy is constrained greedy and sampling
+    draws from the constrained distribution). Nothing of size [n, vocab] is made besides `raw`."""
 
     tree: Tree
     raw: torch.Tensor  # [n, vocab] raw target logits
     params: SamplingParams
     output_counts: torch.Tensor  # [vocab] float, generated tokens so far (the root too, if generated)
     prompt_mask: torch.Tensor | None  # [vocab] bool
+    allowed: torch.Tensor | None = None  # [n, ceil(vocab / 32)] int32 packed grammar masks; None: all
 
     bias: BiasTensors | None = field(init=False)  # params.logit_bias on the device, made once
 
@@ -195,7 +251,8 @@ class NodeLogits:
         return self.raw.shape
 
     def __getitem__(self, rows: slice) -> torch.Tensor:
-        penalised = penalise_logits(self.raw[rows], self.params, self.path_counts(rows), self.prompt_mask, self.bias)
+        raw = self.raw[rows] if self.allowed is None else apply_allowed(self.raw[rows].float(), self.allowed[rows])
+        penalised = penalise_logits(raw, self.params, self.path_counts(rows), self.prompt_mask, self.bias)
         return shape_logits(penalised, self.params)  # the counts are freed before shaping
 
     def path_counts(self, rows: slice) -> torch.Tensor | None:

@@ -1,23 +1,25 @@
-"""One decoding step for one sequence: draft a tree -> one target pass -> verify -> commit."""
+"""One sequence's part of a decoding step: its state, its draft tree, verification and commit of its rows."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.config import SpeculationConfig
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner
-from engine.offload.device import PhaseClock
 from engine.spec.budget import acceptance_curve, node_indicator
 from engine.spec.draft import Drafter, GrowLimits, grow_sampled_tree, grow_tree
 from engine.spec.logprobs import emitted_logprobs, unpack_logprobs
-from engine.spec.sampling import NodeLogits
-from engine.spec.tree import Tree, prefix_tree_mask
+from engine.spec.sampling import NodeLogits, position_noise
+from engine.spec.tree import Tree
 from engine.spec.verify import Verdict, path_probabilities, verify_specinfer, verify_tree
-from engine.types import SamplingParams, StepStats, TokenLogprob
+from engine.types import SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:
+    from engine.spec.grammar import GrammarState
 
 PREFILL_CHUNK = 512
 
@@ -35,6 +37,7 @@ class SequenceState:
     emitted: int = 0
     acceptance_curve: list[float] | None = None  # last step's E[accepted] per budget 1..n-1 (budget auto)
     step_logprobs: list[TokenLogprob] | None = None  # last step's, one per new token (params.logprobs set)
+    grammar: GrammarState | None = None  # structured output: the grammar after the committed tokens
 
     @property
     def root_id(self) -> int:
@@ -52,33 +55,41 @@ def prefill(runner: DecoderRunner, cache: KVCache, token_ids: list[int]) -> None
 
 @dataclass
 class StepContext:
-    target: DecoderRunner
+    """One running sequence's side of a step: its caches, its drafter, its share of the budget."""
+
     target_cache: KVCache
     drafter: Drafter
     spec: SpeculationConfig
     budget: int
     stop_mask: torch.Tensor  # [vocab] bool, tokens never expanded (EOS, stop ids)
     max_context: int
-    track_acceptance: bool = False  # budget auto: record the step's acceptance curve in the SequenceState
+    track_acceptance: bool = False  # record the step's acceptance curve in the SequenceState (budget auto, shared budgets)
 
 
 def draft_tree(ctx: StepContext, seq: SequenceState, max_depth: int) -> Tree:
-    device = ctx.target_cache.device
+    """The step's tree; with a grammar, children it forbids are never proposed, and tree.allowed holds
+    every node's mask for verification."""
+    grammar = seq.grammar
+    mask = None if grammar is None else grammar.masks_for
     if ctx.spec.method == "autoregressive" or max_depth < 1:
-        return Tree.single(seq.root_id, device)
-    pending = seq.token_ids[ctx.drafter.cache.length : len(seq.token_ids) - 1]
-    limits = GrowLimits(budget=ctx.budget, max_depth=max_depth, stop_mask=ctx.stop_mask)
-    if ctx.spec.method == "specinfer":
-        return grow_sampled_tree(ctx.drafter, seq.root_id, pending, seq.params, limits, seq.generator)
-    return grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits)
+        tree = Tree.single(seq.root_id, ctx.target_cache.device)
+    else:
+        pending = seq.token_ids[ctx.drafter.cache.length : len(seq.token_ids) - 1]
+        limits = GrowLimits(budget=ctx.budget, max_depth=max_depth, stop_mask=ctx.stop_mask)
+        if ctx.spec.method == "specinfer":
+            tree = grow_sampled_tree(ctx.drafter, seq.root_id, pending, seq.params, limits, seq.generator, mask)
+        else:
+            tree = grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits, mask)
+    if grammar is not None:
+        tree.allowed = grammar.bitmask(tree)
+    return tree
 
 
-def score_tree(ctx: StepContext, tree: Tree) -> torch.Tensor:
-    """One target pass over every tree node (node i at slot prefix + i). Returns [n, vocab]."""
-    start = ctx.target_cache.length
-    positions = start + tree.depths
-    mask = prefix_tree_mask(tree.ancestors, start)
-    return ctx.target.forward(tree.token_ids, positions, ctx.target_cache, start, mask)
+def accept_committed(seq: SequenceState, new_ids: list[int]) -> None:
+    """After a step appended `new_ids` to seq.token_ids: advance the grammar past them (finish check:
+    seq.grammar.terminated, then only the first seq.grammar.num_consumed of them are output)."""
+    if seq.grammar is not None:
+        seq.grammar.accept(new_ids)
 
 
 def verify_step(
@@ -90,18 +101,24 @@ def verify_step(
     generator: torch.Generator,
     track_acceptance: bool = False,
     rows_per_block: int | None = None,
+    *,
+    allowed: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
 ) -> Verdict:
     """Process every node's logits from its own path, then verify. Pure: tensors in, verdict out.
 
     logits: [n, vocab] raw target logits; output_counts: [vocab] counts of the generated tokens so
     far, the root among them unless it is the prompt's last token (nodes below the root are added
     per path); track_acceptance: sampled verdicts carry node_log_probs (budget auto's curve). Rows are
-    processed in blocks of rows_per_block (None: LOGITS_BLOCK_BYTES per block)."""
-    nodes = NodeLogits(tree, logits, params, output_counts, prompt_mask)
+    processed in blocks of rows_per_block (None: LOGITS_BLOCK_BYTES per block). allowed: [n, words]
+    packed grammar masks, applied before everything else (None: tree.allowed, set by draft_tree).
+    noise: [max depth + 1, vocab] per-depth sampling noise for sample-and-match (position_noise)."""
+    allowed = tree.allowed if allowed is None else allowed
+    nodes = NodeLogits(tree, logits, params, output_counts, prompt_mask, allowed)
     with_log_probs = track_acceptance and not params.greedy
     if tree.draft_probs is not None and not params.greedy:
         return verify_specinfer(tree, nodes, generator, rows_per_block, with_log_probs)
-    return verify_tree(tree, nodes, params.greedy, generator, rows_per_block, with_log_probs)
+    return verify_tree(tree, nodes, params.greedy, generator, rows_per_block, with_log_probs, noise)
 
 
 def step_curve(ctx: StepContext, seq: SequenceState, tree: Tree, verdict: Verdict) -> torch.Tensor:
@@ -114,18 +131,27 @@ def step_curve(ctx: StepContext, seq: SequenceState, tree: Tree, verdict: Verdic
     return acceptance_curve(path_probabilities(tree, verdict.node_log_probs))
 
 
-def run_step(ctx: StepContext, seq: SequenceState) -> tuple[list[int], StepStats]:
-    """Append the step's tokens (accepted path + bonus) to `seq`; returns them and the step's stats."""
-    device = ctx.target_cache.device
-    begin = time.perf_counter()
-    clock = PhaseClock(device)  # draft | target, read after the step's host sync below
+def step_depth(ctx: StepContext, seq: SequenceState) -> int:
+    """The deepest node this step's tree may have (the tree is cut to what the request may still emit)."""
     remaining = min(seq.params.max_tokens - seq.emitted, ctx.max_context - len(seq.token_ids))
-    tree = draft_tree(ctx, seq, min(ctx.spec.max_depth, remaining - 1))
-    clock.mark()
-    logits = score_tree(ctx, tree)
-    clock.mark()
+    return 0 if ctx.spec.method == "autoregressive" else max(0, min(ctx.spec.max_depth, remaining - 1))
+
+
+def step_noise(ctx: StepContext, seq: SequenceState, tree: Tree, vocab_size: int) -> torch.Tensor | None:
+    """Sample-and-match noise keyed by (seed, position): None for greedy and SpecInfer trees."""
+    if seq.params.greedy or tree.draft_probs is not None:
+        return None
+    seed = seq.generator.initial_seed()
+    return position_noise(seed, len(seq.token_ids), step_depth(ctx, seq) + 1, vocab_size, ctx.target_cache.device)
+
+
+def commit_step(ctx: StepContext, seq: SequenceState, tree: Tree, logits: torch.Tensor) -> list[int]:
+    """Verify the scored tree (logits: [n, vocab]), keep the accepted path's KV in both caches, and
+    append the step's tokens (accepted path + bonus) to `seq`; returns them. One host sync."""
+    device = ctx.target_cache.device
     verdict = verify_step(
-        tree, logits, seq.params, seq.output_counts, seq.prompt_mask, seq.generator, ctx.track_acceptance
+        tree, logits, seq.params, seq.output_counts, seq.prompt_mask, seq.generator, ctx.track_acceptance,
+        noise=step_noise(ctx, seq, tree, logits.shape[1]),
     )
     ctx.target_cache.commit(ctx.target_cache.length + verdict.path)
     ctx.drafter.commit(tree, verdict.path)
@@ -136,19 +162,11 @@ def run_step(ctx: StepContext, seq: SequenceState) -> tuple[list[int], StepStats
     seq.output_counts.index_add_(0, new_id_tensor, torch.ones(num_new, device=device))
     curve = step_curve(ctx, seq, tree, verdict)
     summary = torch.cat([new_id_tensor.double(), curve.double(), token_lp]).tolist()
-    # ^ the step's last host sync (verification's path is the other)
+    # ^ the step's last host sync for this sequence (verification's path is the other)
     new_ids = [int(t) for t in summary[:num_new]]
     lp_begin = num_new + curve.shape[0]
     seq.acceptance_curve = summary[num_new:lp_begin] if ctx.track_acceptance else None
     seq.step_logprobs = unpack_logprobs(summary[lp_begin:], num_new) if seq.params.logprobs is not None else None
     seq.token_ids.extend(new_ids)
-    draft_seconds, target_seconds = clock.seconds()
-    stats = StepStats(
-        tree_size=tree.num_nodes,
-        num_accepted=len(new_ids) - 1,
-        num_emitted=len(new_ids),
-        draft_seconds=draft_seconds,
-        target_seconds=target_seconds,
-        step_seconds=time.perf_counter() - begin,
-    )
-    return new_ids, stats
+    accept_committed(seq, new_ids)
+    return new_ids

@@ -16,6 +16,7 @@ class Tree:
     ancestors: torch.Tensor  # [n, n] bool, ancestors[i, j]: j is i or an ancestor of i
     draft_slots: torch.Tensor  # [n] long, the node's slot in the draft KV cache, -1 if never expanded
     draft_probs: torch.Tensor | None = None  # [n, vocab] draft distribution at expanded nodes (SpecInfer)
+    allowed: torch.Tensor | None = None  # [n, ceil(vocab / 32)] int32 packed grammar masks (structured output)
 
     @property
     def num_nodes(self) -> int:

@@ -45,15 +45,22 @@ def node_log_probs(tree: Tree, logits: Logits, rows_per_block: int) -> torch.Ten
 
 
 def draw_tokens(
-    tree: Tree, logits: Logits, greedy: bool, generator: torch.Generator, rows_per_block: int, with_log_probs: bool
+    tree: Tree,
+    logits: Logits,
+    greedy: bool,
+    generator: torch.Generator,
+    rows_per_block: int,
+    with_log_probs: bool,
+    noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[n] one token per node (sample_tokens block by block, in row order), and with_log_probs:
-    node_log_probs from the same blocks."""
+    """[n] one token per node (sample_tokens block by block, in row order; with `noise`, [depths, vocab],
+    a node at depth d races with row d), and with_log_probs: node_log_probs from the same blocks."""
     drawn = torch.empty(tree.num_nodes, dtype=torch.long, device=tree.token_ids.device)
     node_lp = torch.zeros(tree.num_nodes, device=tree.token_ids.device) if with_log_probs else None
     for rows in blocks(tree.num_nodes, rows_per_block):
         block = logits[rows]  # [rows, vocab]
-        drawn[rows] = sample_tokens(block, greedy, generator)
+        block_noise = None if noise is None or greedy else noise[tree.depths[rows]]  # [rows, vocab]
+        drawn[rows] = sample_tokens(block, greedy, generator, block_noise)
         if node_lp is not None:
             node_lp = add_child_log_probs(tree, block, rows, node_lp)
         del block  # freed before the next block is made
@@ -67,12 +74,14 @@ def verify_tree(
     generator: torch.Generator,
     rows_per_block: int | None = None,
     with_log_probs: bool = False,
+    noise: torch.Tensor | None = None,
 ) -> Verdict:
     """Sample-and-match. Draw t[v] at every node; walk from the root to the child whose token is
     t[current]. Siblings are distinct, so the walk is unique; accepted nodes are those whose whole
-    path matches. rows_per_block: None sizes blocks by LOGITS_BLOCK_BYTES."""
+    path matches. rows_per_block: None sizes blocks by LOGITS_BLOCK_BYTES. noise: [max depth + 1,
+    vocab] Exp(1) rows per depth (sampling.position_noise), else fresh draws from `generator`."""
     rows_per_block = rows_per_block or block_rows(logits.shape[1])
-    drawn, node_lp = draw_tokens(tree, logits, greedy, generator, rows_per_block, with_log_probs)  # [n]
+    drawn, node_lp = draw_tokens(tree, logits, greedy, generator, rows_per_block, with_log_probs, noise)  # [n]
     parents = tree.parents.clamp(min=0)
     matches = tree.token_ids == drawn[parents]  # [n]
     matches[0] = True

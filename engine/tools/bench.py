@@ -73,30 +73,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class ForwardClock:
-    """Wall time spent inside a runner's forward during decoding (prefill chunks excluded)."""
+    """Wall time spent inside a runner's passes during decoding (passes that only prefill excluded)."""
 
     def __init__(self, runner: DecoderRunner):
         self.runner = runner
         self.seconds = 0.0
-        inner = runner.forward
+        inner = runner.forward_groups
 
-        def timed_forward(*args: object, **kwargs: object) -> torch.Tensor | None:
+        def timed_forward_groups(groups: list) -> list:
             begin = time.perf_counter()
-            out = inner(*args, **kwargs)
+            out = inner(groups)
             synchronize(runner.device)
-            rows = kwargs.get("logit_rows", args[5] if len(args) > 5 else None)
-            if rows is None or rows.numel() > 0:  # prefill passes ask for no logits
+            if any(part is not None for group in out for part in group):  # prefill-only passes ask for no logits
                 self.seconds += time.perf_counter() - begin
             return out
 
-        runner.forward = timed_forward  # instance attribute shadows the method
+        runner.forward_groups = timed_forward_groups  # instance attribute shadows the method (forward uses it)
 
     def take(self) -> float:
         seconds, self.seconds = self.seconds, 0.0
         return seconds
 
     def remove(self) -> None:
-        del self.runner.forward
+        del self.runner.forward_groups
 
 
 def engine_config(args: argparse.Namespace, target: str, mode: str) -> EngineConfig:

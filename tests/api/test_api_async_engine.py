@@ -9,32 +9,15 @@ import time
 
 import pytest
 
-from engine.async_engine import AsyncEngine, JobReport
+from engine.async_engine import AsyncEngine
 from engine.types import (
     EngineFault,
     EngineUnavailable,
     FinishReason,
     QueueFull,
-    Request,
-    SamplingParams,
     TokenDelta,
 )
-from tests.helpers.fake_engine import FakeEngine
-
-
-def request(rid: str, max_tokens: int = 12, **params) -> Request:
-    return Request(rid, [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **params))
-
-
-async def collect(stream) -> list[TokenDelta]:
-    return [delta async for delta in stream]
-
-
-def make_async_engine(engine: FakeEngine, max_queue: int = 4) -> tuple[AsyncEngine, list[JobReport]]:
-    reports: list[JobReport] = []
-    async_engine = AsyncEngine(engine, max_queue, on_finish=reports.append)
-    async_engine.start()
-    return async_engine, reports
+from tests.helpers.fake_engine import FakeEngine, collect, make_async_engine, request
 
 
 async def wait_for(predicate, timeout: float = 10.0) -> None:

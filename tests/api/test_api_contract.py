@@ -18,11 +18,13 @@ from tests.helpers.tiny_models import make_tiny_pair
 METHODS = sorted(name for name, value in vars(GenerationEngine).items()
                  if callable(value) and not name.startswith("_"))
 ATTRIBUTES = typing.get_type_hints(GenerationEngine)
+PROPERTIES = sorted(name for name, value in vars(GenerationEngine).items() if isinstance(value, property))
 
 
 def test_the_contract_names_what_the_server_uses() -> None:
-    assert METHODS == ["generate", "validate_request"]
-    assert set(ATTRIBUTES) == {"tokenizer", "model_name", "max_context", "eos_token_ids"}
+    assert METHODS == ["abort_request", "add_request", "step", "validate_request", "validate_structured_output"]
+    assert set(ATTRIBUTES) == {"tokenizer", "model_name", "max_context", "eos_token_ids", "max_running"}
+    assert PROPERTIES == ["can_add"]
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,11 @@ def test_engine_has_every_attribute_of_the_contract(engine: object) -> None:
         expected = typing.get_origin(annotation) or annotation
         if expected is not typing.Any:
             assert isinstance(getattr(engine, name), expected), f"{type(engine).__name__}.{name}"
+
+
+def test_engine_has_every_property_of_the_contract(engine: object) -> None:
+    for name in PROPERTIES:
+        assert isinstance(getattr(engine, name), bool), f"{type(engine).__name__}.{name}"
 
 
 def test_engine_implements_every_method_of_the_contract(engine: object) -> None:

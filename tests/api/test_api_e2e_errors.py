@@ -147,7 +147,10 @@ def test_health_models_and_metrics(live_server, model_id: str) -> None:
                  "specexec_accepted_tokens_per_pass_bucket", "specexec_step_seconds_bucket",
                  "specexec_requests_running", "specexec_scheduler_info"):
         assert re.search(rf"^{name}", text, re.MULTILINE), name
-    assert 'policy="fifo"' in text and 'max_running="1"' in text
+    assert 'policy="continuous-batching"' in text and 'max_running="4"' in text
+    for name in ("specexec_requests_per_pass_bucket", "specexec_pass_emitted_tokens_bucket",
+                 "specexec_prefix_cache_hit_tokens_total", "specexec_prefill_tokens_total"):
+        assert re.search(rf"^{name}", text, re.MULTILINE), name
     assert metric(text, "specexec_target_passes_total") > 0
     # the metrics body is Prometheus text, not JSON
     with pytest.raises(json.JSONDecodeError):

@@ -18,7 +18,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def guarded_server(start_serve):
-    return start_serve("--budget", "8", "--max-queue", "1", "--api-key", KEY, "--cors-origins", ORIGIN)
+    return start_serve("--budget", "8", "--max-queue", "1", "--max-running", "1", "--api-key", KEY, "--cors-origins", ORIGIN)
 
 
 def test_loading_then_healthy(guarded_server) -> None:

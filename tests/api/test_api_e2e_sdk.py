@@ -47,6 +47,12 @@ def check_usage(usage: Any, completion_tokens: int | None = None) -> None:
         assert usage.completion_tokens == completion_tokens
 
 
+def same_usage(a, b) -> bool:
+    """Equal token counts (cached_tokens differ: a repeated request hits the prefix cache)."""
+    keys = ("prompt_tokens", "completion_tokens", "total_tokens")
+    return all(getattr(a, key) == getattr(b, key) for key in keys)
+
+
 def test_chat_sync_stream_equals_non_stream(client: openai.OpenAI, model_id: str) -> None:
     full = client.chat.completions.create(model=model_id, messages=MESSAGES, max_tokens=24, temperature=0)
     assert full.object == "chat.completion" and full.id.startswith("chatcmpl-") and full.model == model_id
@@ -62,7 +68,9 @@ def test_chat_sync_stream_equals_non_stream(client: openai.OpenAI, model_id: str
                                                  stream=True, stream_options={"include_usage": True}))
     text, finish, usage = check_sdk_stream(chunks, chat=True, include_usage=True)
     assert text == choice.message.content and finish == choice.finish_reason
-    assert usage.model_dump() == full.usage.model_dump()
+    assert same_usage(usage, full.usage)
+    # the second identical request found the first's KV: every prompt token but the last was cached
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
 
 
 def test_completions_sync_stream_equals_non_stream(client: openai.OpenAI, model_id: str) -> None:
@@ -76,7 +84,7 @@ def test_completions_sync_stream_equals_non_stream(client: openai.OpenAI, model_
         text, finish, usage = check_sdk_stream(chunks, chat=False, include_usage=include_usage)
         assert text == full.choices[0].text and finish == full.choices[0].finish_reason
         if usage is not None:
-            assert usage.model_dump() == full.usage.model_dump()
+            assert same_usage(usage, full.usage)
 
 
 def test_async_client_both_endpoints(live_server, model_id: str) -> None:
@@ -208,3 +216,15 @@ def test_greedy_http_equals_target_alone(client: openai.OpenAI, model_id: str, t
             assert out.choices[0].text == expected
             assert out.usage.completion_tokens == len(expected_ids)
             assert out.choices[0].finish_reason == ("length" if len(expected_ids) == 48 else "stop")
+
+
+def test_a_second_chat_turn_is_served_from_the_prefix_cache(client: openai.OpenAI, model_id: str) -> None:
+    messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
+    turn1 = client.chat.completions.create(model=model_id, messages=messages, max_tokens=16, temperature=0)
+    messages += [{"role": "assistant", "content": turn1.choices[0].message.content},
+                 {"role": "user", "content": "Now one that subtracts them."}]
+    chunks = list(client.chat.completions.create(model=model_id, messages=messages, max_tokens=8, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    usage = chunks[-1].usage
+    cached = usage.prompt_tokens_details.cached_tokens
+    assert turn1.usage.prompt_tokens - 1 <= cached < usage.prompt_tokens  # turn 1's prompt at least

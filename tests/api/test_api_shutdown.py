@@ -207,7 +207,7 @@ def live_drain(server, sig: signal.Signals) -> tuple[list[list[str]], httpx.Resp
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_live_signal_drains_streams_and_exits_cleanly(start_serve, sig: signal.Signals) -> None:
-    server = start_serve("--budget", "8", "--shutdown-timeout", "0")
+    server = start_serve("--budget", "8", "--shutdown-timeout", "0", "--max-running", "1")
     streams, plain = live_drain(server, sig)
     for data in streams:  # every stream ends properly; the running one may have just finished
         assert data[-1] == "[DONE]" and data.count("[DONE]") == 1

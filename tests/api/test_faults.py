@@ -78,18 +78,18 @@ def tiny_engine(pair) -> Engine:
 
 
 def fail_first_step(monkeypatch, error: BaseException, seen: list | None = None) -> None:
-    """engine.runtime.run_step raises `error` on its next call, then runs normally."""
-    run_step = runtime.run_step
+    """engine.runtime.run_batch raises `error` on its next call, then runs normally."""
+    run_batch = runtime.run_batch
     pending = [error]
 
-    def step(ctx, seq):
+    def step(target, items):
         if pending:
             if seen is not None:
-                seen.append(weakref.ref(seq.output_counts))
+                seen.append(weakref.ref(items[0].seq.output_counts))
             raise pending.pop()
-        return run_step(ctx, seq)
+        return run_batch(target, items)
 
-    monkeypatch.setattr(runtime, "run_step", step)
+    monkeypatch.setattr(runtime, "run_batch", step)
 
 
 def test_cuda_error_in_a_step_is_an_engine_fault(tiny_engine, monkeypatch) -> None:

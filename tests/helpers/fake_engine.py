@@ -8,18 +8,26 @@ can sleep per step or fail, for fast tests of the HTTP layer.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from functools import lru_cache
 
+from engine.async_engine import AsyncEngine, JobReport
 from engine.types import (
     ContextLengthError,
+    EngineFault,
     FinishReason,
     GenerationEngine,
     GenerationStats,
+    PassStats,
     Request,
+    SamplingParams,
+    StepOutput,
     StepStats,
+    StructuredOutput,
+    StructuredOutputError,
     TokenDelta,
 )
 from tests.helpers.tiny_models import build_tokenizer
@@ -43,6 +51,7 @@ class FakeEngine(GenerationEngine):
         fail_with: BaseException | None = None,
         model_name: str = "fake-model",
         before_step: Callable[[], None] | None = None,
+        max_running: int = 1,
     ):
         self.tokenizer = tiny_tokenizer()
         self.model_name = model_name
@@ -56,12 +65,62 @@ class FakeEngine(GenerationEngine):
         self.requests: list[Request] = []
         self.steps_run = 0
         self.step_started = threading.Event()
+        self.max_running = max_running
+        self._streams: dict[str, Iterator[TokenDelta]] = {}  # running requests' delta streams
 
     def validate_request(self, prompt_len: int, max_tokens: int) -> None:
         if prompt_len < 1:
             raise ValueError("the prompt must contain at least one token")
         if prompt_len + max_tokens > self.max_context:
             raise ContextLengthError(prompt_len, max_tokens, self.max_context)
+
+    def validate_structured_output(self, spec: StructuredOutput) -> None:
+        """Compiles nothing (the fake ignores grammars): a json_schema must be a JSON object, a regex
+        must not be empty."""
+        if spec.kind == "json_schema":
+            try:
+                schema = json.loads(spec.spec)
+            except ValueError as exc:
+                raise StructuredOutputError(f"the JSON schema is not JSON: {exc}") from None
+            if not isinstance(schema, dict):
+                raise StructuredOutputError("the JSON schema must be an object")
+        if spec.kind == "regex" and not spec.spec:
+            raise StructuredOutputError("the regex is empty")
+
+    @property
+    def can_add(self) -> bool:
+        return len(self._streams) < self.max_running
+
+    def add_request(self, request: Request) -> None:
+        self.validate_request(len(request.prompt_ids), request.params.max_tokens)
+        self._streams[request.request_id] = self.generate(request)
+
+    def abort_request(self, request_id: str) -> TokenDelta | None:
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return None
+        stream.close()
+        return TokenDelta(request_id, [], FinishReason.ABORT, totals=GenerationStats())
+
+    def step(self) -> StepOutput:
+        """One delta from each running request's stream, in admission order."""
+        output = StepOutput()
+        for request_id, stream in list(self._streams.items()):
+            try:
+                delta = next(stream)
+            except EngineFault:
+                raise
+            except Exception as exc:  # this request fails alone
+                del self._streams[request_id]
+                output.failures.append((request_id, exc))
+                continue
+            output.deltas.append(delta)
+            if delta.finish_reason is not None:
+                del self._streams[request_id]
+        if output.deltas:
+            emitted = sum(len(d.token_ids) for d in output.deltas)
+            output.stats = PassStats(len(output.deltas), 8 * len(output.deltas), 0, emitted, 0.001, 0.002, 0.003)
+        return output
 
     def output_ids(self, request: Request, count: int) -> list[int]:
         """The first `count` ids this engine emits for `request` (before stop/EOS handling)."""
@@ -104,3 +163,22 @@ class FakeEngine(GenerationEngine):
             yield TokenDelta(request.request_id, new_ids, finish, stats, totals if finish else None)
             if finish is not None:
                 return
+
+
+# -- driving an AsyncEngine over a FakeEngine ------------------------------------------------
+
+
+def request(rid: str, max_tokens: int = 12, **params) -> Request:
+    return Request(rid, [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **params))
+
+
+async def collect(stream: AsyncIterator[TokenDelta]) -> list[TokenDelta]:
+    return [delta async for delta in stream]
+
+
+def make_async_engine(engine: FakeEngine, max_queue: int = 4) -> tuple[AsyncEngine, list[JobReport]]:
+    """A started AsyncEngine over `engine`, and the list its finish reports go to."""
+    reports: list[JobReport] = []
+    async_engine = AsyncEngine(engine, max_queue, on_finish=reports.append)
+    async_engine.start()
+    return async_engine, reports

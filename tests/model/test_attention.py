@@ -11,15 +11,15 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 from transformers import AutoModelForCausalLM
 
-from engine.model.runner import (
+from engine.model.attention import (
     MASK_ALIGN,
-    DecoderRunner,
     additive_mask,
     attend,
     attention_backends,
     causal_additive_mask,
     causal_allowed,
 )
+from engine.model.runner import DecoderRunner
 from engine.spec.tree import causal_mask, prefix_tree_mask
 from tests.helpers.tiny_models import tiny_config
 from tests.helpers.trees import ancestors_and_depths, path_of

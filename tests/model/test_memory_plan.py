@@ -94,7 +94,7 @@ def test_plan_items_follow_context_and_budget() -> None:
     inputs = llama70b_inputs(LLAMA_1B, 2_470_000_000)
     plan = plan_memory(inputs)
     target_slots = 8192 + 2048 + 1
-    assert plan.bytes_of("target KV cache") == target_slots * (2 * 80 * 8 * 128 * 2 + 8)
+    assert plan.bytes_of("target KV caches") == target_slots * (2 * 80 * 8 * 128 * 2 + 8)
     assert plan.bytes_of("target logits") == 2049 * 128256 * (2 + 4)
     assert plan.bytes_of("offload ring") == 2 * LAYER_70B
     smaller = plan_memory(dataclasses.replace(inputs, max_context=4096, budget=1024))
@@ -133,16 +133,26 @@ def config_for(pair: tuple[str, str], **offload) -> EngineConfig:
     )
 
 
-def test_load_allocates_both_caches_and_the_first_request_reuses_them(pair) -> None:
+def test_load_allocates_every_kv_slot_and_requests_reuse_them(pair) -> None:
     engine = Engine.load(config_for(pair))
-    caches = dict(engine._caches)
-    assert caches["target"].capacity == 200 + 16 + 1
-    assert caches["draft"].capacity == 200 + 4 * 17 + 2
+    slots = list(engine.pool.slots)
+    assert len(slots) == 4 + 4  # --max-running + --prefix-cache-slots (defaults), all fit here
+    assert all(s.target.capacity == 200 + 16 + 1 and s.draft.capacity == 200 + 4 * 17 + 2 for s in slots)
     engine.generate_ids([5, 6, 7], SamplingParams(temperature=0, max_tokens=8))
-    assert all(engine._caches[name] is cache for name, cache in caches.items())
+    assert engine.pool.slots == slots and all(a is b for a, b in zip(engine.pool.slots, slots, strict=True))
     other = engine.with_speculation(SpeculationConfig(budget=8, max_depth=4))
     other.generate_ids([5, 6, 7], SamplingParams(temperature=0, max_tokens=8))
-    assert all(other._caches[name] is cache for name, cache in caches.items())
+    assert all(a is b for a, b in zip(other.pool.slots, slots, strict=True))
+
+
+def test_the_plan_lowers_running_requests_and_cache_slots_to_what_fits(pair, monkeypatch) -> None:
+    engine = Engine.load(config_for(pair))
+    inputs = engine.memory_plan_inputs()
+    one_slot = memory_plan.plan_memory(dataclasses.replace(inputs, kv_slots=1))
+    per_slot = one_slot.bytes_of("target KV caches") + one_slot.bytes_of("draft KV caches")
+    monkeypatch.setattr(memory, "free_device_memory", lambda device: one_slot.to_allocate + 2 * per_slot)
+    smaller = Engine.load(config_for(pair))
+    assert (smaller.max_running, len(smaller.pool.slots)) == (3, 3)  # 3 slots fit: all running, none cached
 
 
 def test_load_refuses_when_free_memory_is_too_small(pair, monkeypatch) -> None:
@@ -150,7 +160,7 @@ def test_load_refuses_when_free_memory_is_too_small(pair, monkeypatch) -> None:
     with pytest.raises(ConfigError) as info:
         Engine.load(config_for(pair))
     message = str(info.value)
-    assert "not enough device memory on cpu" in message and "target KV cache" in message
+    assert "not enough device memory on cpu" in message and "target KV caches" in message
     assert "draft weights 0." in message and "MB" in message and "smaller or quantized draft" in message
 
 

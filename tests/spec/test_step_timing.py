@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import runtime
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.offload import device as device_ops
 from engine.offload.device import PhaseClock, synchronize_stream
@@ -46,19 +45,18 @@ def test_step_stats_add_up_on_cpu(pair) -> None:
     assert_stats_add_up(load(pair))
 
 
-def test_prefill_is_synced_before_the_first_step_clock(pair, monkeypatch) -> None:
+def test_the_first_step_prefills_the_prompt_in_its_target_pass(pair) -> None:
+    """A joining request's prompt is written by the first step's one target pass (no pass of its
+    own); the time to that first step's end is the request's prefill time."""
     engine = load(pair)
-    events: list[str] = []
-    run_step = runtime.run_step
-
-    def step(ctx, seq):
-        events.append("step")
-        return run_step(ctx, seq)
-
-    monkeypatch.setattr(runtime, "synchronize_stream", lambda device: events.append("sync"))
-    monkeypatch.setattr(runtime, "run_step", step)
-    engine.generate_ids([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-    assert events[:2] == ["sync", "step"] and events.count("sync") == 1
+    prompt = list(range(5, 25))
+    deltas = list(engine.generate(Request("r", prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))))
+    steps = [d.stats for d in deltas if d.stats is not None]
+    assert steps[0].pass_tokens == len(prompt) - 1 + steps[0].tree_size
+    assert all(s.pass_tokens == s.tree_size for s in steps[1:])
+    totals = deltas[-1].totals
+    assert totals is not None and totals.prefill_seconds >= steps[0].step_seconds
+    assert totals.target_passes == len(steps)
 
 
 # -- the CUDA branch with fake events: no torch.cuda.synchronize anywhere -------------------

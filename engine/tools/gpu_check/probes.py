@@ -76,21 +76,22 @@ def seconds_of(device: torch.device, fn: Callable[[], object]) -> float:
 def wrapped_forward(
     runner: DecoderRunner, wrap: Callable[[], AbstractContextManager[Any]]
 ) -> Iterator[list[Any]]:
-    """While open, every `runner.forward` call runs inside a fresh `wrap()`; yields what the contexts
-    gave, one entry per call (an instance attribute shadows the method, as bench's ForwardClock does)."""
-    inner = runner.forward
+    """While open, every pass of `runner` (`forward_groups`, which `forward` and `prefill` call too) runs
+    inside a fresh `wrap()`; yields what the contexts gave, one entry per pass (an instance attribute
+    shadows the method, as bench's ForwardClock does)."""
+    inner = runner.forward_groups
     entered: list[Any] = []
 
-    def forward(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    def forward_groups(groups: list[Any]) -> list[Any]:
         with wrap() as value:
             entered.append(value)
-            return inner(*args, **kwargs)
+            return inner(groups)
 
-    runner.forward = forward
+    runner.forward_groups = forward_groups
     try:
         yield entered
     finally:
-        del runner.forward
+        del runner.forward_groups
 
 
 @contextmanager

@@ -1,0 +1,102 @@
+"""Attention pieces of a pass: rotary helper, additive masks with aligned rows, grouped-query attention.
+
+Masks are additive ([1, 1, n, kv_len]: 0 where a token may attend a slot, finfo.min elsewhere) and
+their rows start at MASK_ALIGN-aligned offsets, as the memory-efficient kernel reads them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
+
+MASK_ALIGN = 16  # mask rows start at multiples of 16 elements, as the memory-efficient kernel reads them
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attention_backends(device: torch.device) -> list[SDPBackend]:
+    """The SDPA kernels a pass enables on `device` (SDPA tries them in its own priority order).
+
+    CUDA: the memory-efficient kernel takes an arbitrary additive mask at any size (flash takes no
+    mask, cuDNN is left out); CPU: the flash kernel takes masks. Math is the fallback."""
+    if device.type == "cuda":  # CUDA-only
+        return [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+
+
+def masked_rows(num_tokens: int, kv_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[n, kv_len rounded up to MASK_ALIGN] filled with finfo.min: storage for aligned mask rows."""
+    padded_len = -(-kv_len // MASK_ALIGN) * MASK_ALIGN
+    return torch.full((num_tokens, padded_len), torch.finfo(dtype).min, dtype=dtype, device=device)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, n, kv_len] additive mask (0 where allowed, finfo.min elsewhere) whose rows start at
+    MASK_ALIGN-aligned offsets: a view of masked_rows storage, the padding masked too."""
+    num_tokens, kv_len = allowed.shape
+    mask = masked_rows(num_tokens, kv_len, dtype, allowed.device)
+    mask[:, :kv_len].masked_fill_(allowed, 0.0)
+    return mask[None, None, :, :kv_len]
+
+
+def causal_additive_mask(num_tokens: int, start_slot: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """additive_mask(causal_allowed(num_tokens, start_slot)) without the bool mask: [1, 1, n, start_slot + n]."""
+    kv_len = start_slot + num_tokens
+    mask = masked_rows(num_tokens, kv_len, dtype, device)
+    mask[:, :start_slot] = 0.0
+    mask[:, start_slot:kv_len].triu_(1)  # token i sees its own chunk's slots up to start_slot + i
+    return mask[None, None, :, :kv_len]
+
+
+def attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Grouped-query attention with an additive mask, in a layout the memory-efficient kernel takes.
+
+    query: [heads, n, head_dim]; keys, values: [kv_heads, kv_len, head_dim]; mask: [1, 1, n, kv_len].
+    Query head h reads KV head h // group (group = heads // kv_heads). Each KV head is one batch
+    entry whose heads are its query group: K/V expand over the group as stride-0 views and the mask
+    broadcasts, so nothing is copied. SDPA picks among the kernels the caller enabled (see
+    attention_backends). Returns [n, heads, head_dim]."""
+    num_heads, num_tokens, head_dim = query.shape
+    num_kv_heads, kv_len = keys.shape[:2]
+    group = num_heads // num_kv_heads
+    grouped = query.unflatten(0, (num_kv_heads, group))  # [kv_heads, group, n, head_dim]
+    shape = (num_kv_heads, group, kv_len, head_dim)
+    out = F.scaled_dot_product_attention(
+        grouped, keys[:, None].expand(shape), values[:, None].expand(shape), attn_mask=mask, scale=scale
+    )  # [kv_heads, group, n, head_dim]
+    return out.permute(2, 0, 1, 3).reshape(num_tokens, num_heads, head_dim)
+
+
+def causal_allowed(num_tokens: int, start_slot: int, device: torch.device) -> torch.Tensor:
+    """[n, start_slot + n] bool: token i (at slot start_slot + i) sees slots [0, start_slot + i]."""
+    slots = torch.arange(start_slot + num_tokens, device=device)
+    return slots[None, :] <= slots[start_slot:, None]
+
+
+def window_masks(
+    allowed: torch.Tensor,
+    position_ids: torch.Tensor,
+    kv_positions: torch.Tensor,
+    windows: set[int | None],
+    dtype: torch.dtype,
+) -> dict[int | None, torch.Tensor]:
+    """Additive masks ([1, 1, n, kv_len], aligned rows) for each sliding window in `windows`.
+
+    allowed: [n, kv_len] bool; position_ids: [n] of the new tokens; kv_positions: [kv_len] of the slots."""
+    masks: dict[int | None, torch.Tensor] = {}
+    for window in windows:
+        ok = allowed
+        if window is not None:
+            ok = ok & ((position_ids[:, None] - kv_positions[None, :]) < window)
+        masks[window] = additive_mask(ok, dtype)
+    return masks

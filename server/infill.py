@@ -1,0 +1,204 @@
+"""`POST /infill`: llama.cpp server's code-infill endpoint (llama.vscode's client), over the same engine.
+
+Request fields (llama.cpp names): `input_prefix`, `input_suffix`, `input_extra` (list of
+{filename, text} chunks placed before the prefix, server/fim.py), `prompt` (text appended after the
+prefix), `n_predict` (-1 or absent: the server's default; 0: nothing is generated, the response only
+reports the prompt's size, as llama.vscode's cache-warming requests expect), `temperature`, `top_k`,
+`top_p`, `min_p` (absent: llama.cpp's defaults 0.8 / 40 / 0.95 / 0.05), `seed` (-1: random),
+`repeat_penalty`, `presence_penalty`, `frequency_penalty`, `logit_bias` ({"id": bias} or [[id, bias]],
+bias `false` bans the token), `ignore_eos`, `stop`, `stream`. Scheduling and cache fields llama.cpp
+also takes (`cache_prompt`, `id_slot`, `samplers`, `n_indent`, `t_max_prompt_ms`, `t_max_predict_ms`,
+`n_cmpl`) are accepted and ignored; `n_probs` > 0 is a 400.
+
+A prompt longer than the context minus `n_predict` is cut as llama.cpp cuts it (server/fim.py `fit`)
+and the response says `"truncated": true`.
+
+Response: `{"content", "stop": true, "stop_type": "eos" | "limit" | "word", "stopping_word",
+"tokens_predicted", "tokens_evaluated", "truncated", "timings", ...}`. Streamed: `data: {"content":
+piece, "stop": false, ...}` events, then that final object with `"content": ""` (no `[DONE]`, as
+llama.cpp); an error after the first byte is one `data: {"error": ...}` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from engine.types import MAX_LOGIT_BIAS, REPETITION_PENALTY_RANGE, SamplingParams
+from engine.types import Request as EngineRequest
+from server.detok import TextStream
+from server.errors import APIError, generation_error, invalid_request, unsupported
+from server.fim import FimFormat, FimParts, fit
+from server.generation import Generation
+from server.json_body import load_json_object
+from server.limits import read_body
+from server.protocol import SamplingRequest, check_supported
+from server.responses import new_request_id
+from server.state import ServerState
+
+ENDPOINT = "infill"
+LLAMA_CPP_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
+
+class InfillChunk(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    filename: str = "tmp"
+    text: str = ""
+
+
+class InfillRequest(SamplingRequest):
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[InfillChunk] = Field(default_factory=list)
+    prompt: str = ""
+    n_predict: int | None = Field(None, ge=-1)
+    repeat_penalty: float | None = Field(None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])
+    logit_bias: dict[str, float] | list[list[int | float | bool]] | None = None  # type: ignore[assignment]
+    n_probs: int | None = None
+
+    prompt_param: ClassVar[str] = "input_prefix"
+
+    def requested_max_tokens(self) -> int | None:
+        if self.n_predict is not None and self.n_predict >= 0:
+            return self.n_predict
+        return self.max_tokens
+
+    def to_sampling_params(self, max_tokens: int, vocab_size: int) -> SamplingParams:
+        fields: dict[str, Any] = {k: v for k, v in LLAMA_CPP_DEFAULTS.items() if getattr(self, k) is None}
+        if self.repeat_penalty is not None and self.repetition_penalty is None:
+            fields["repetition_penalty"] = self.repeat_penalty
+        if self.seed is not None and self.seed < 0:
+            fields["seed"] = None
+        fields["logit_bias"] = _bias_dict(self.logit_bias)
+        return SamplingRequest.to_sampling_params(self.model_copy(update=fields), max_tokens, vocab_size)
+
+
+def _bias_dict(bias: dict[str, float] | list[list[int | float | bool]] | None) -> dict[str, float] | None:
+    """llama.cpp's [[token_id, bias | false], ...] as OpenAI's {"token_id": bias}."""
+    if not isinstance(bias, list):
+        return bias
+    out: dict[str, float] = {}
+    for pair in bias:
+        if len(pair) != 2 or isinstance(pair[0], bool) or not isinstance(pair[0], int):
+            raise invalid_request("logit_bias pairs must be [token_id, bias].", "logit_bias")
+        value = pair[1]
+        out[str(pair[0])] = -float(MAX_LOGIT_BIAS) if value is False else float(value)
+    return out
+
+
+def parse_infill(raw: bytes) -> InfillRequest:
+    try:
+        request = InfillRequest.model_validate(load_json_object(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+        raise invalid_request(f"Invalid value for '{param}': {first['msg']}.", param, "invalid_value") from None
+    check_supported(request)
+    if request.n is not None and request.n > 1:
+        raise unsupported("n", "/infill returns one completion; n must be 1.")
+    if request.n_probs:
+        raise unsupported("n_probs", "n_probs is not supported by /infill.")
+    return request
+
+
+async def infill(request: Request) -> Response:
+    state: ServerState = request.app.state.specexec
+    try:
+        return await _infill(request, state)
+    except APIError as exc:
+        state.metrics.rejected.labels(ENDPOINT, str(exc.status)).inc()
+        raise
+
+
+async def _infill(request: Request, state: ServerState) -> Response:
+    config = state.server_config
+    raw = await read_body(request, config.max_body_bytes, config.read_timeout)
+    req = await asyncio.to_thread(parse_infill, raw)
+    async_engine, prompt = state.require_ready()
+    state.check_model(req.model)
+    if prompt.fim is None:
+        raise invalid_request("This model has no fill-in-the-middle tokens (such as <|fim_prefix|>, <fim_prefix> "
+                              "or <PRE>), so /infill cannot build a prompt for it.", None, "fim_not_supported")
+    requested = req.requested_max_tokens()  # None: the default, fitted to the room the prompt leaves
+    output_room = requested or min(prompt.default_max_tokens, prompt.max_context // 2)
+    parts = await asyncio.to_thread(_parts, prompt.fim, req, prompt.max_prompt_chars)
+    parts, truncated = fit(parts, max(prompt.max_context - output_room, 0))
+    prompt_ids = prompt.fim.assemble(parts)
+    model = state.response_model(req.model)
+    if requested == 0:  # llama.vscode warms the server's cache with these: nothing to generate
+        return JSONResponse(final_body("", model, len(prompt_ids), truncated, {"predicted_n": 0}))
+    params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
+    params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + prompt.fim.stop_ids)
+    text = TextStream(prompt.tokenizer, req.stop_strings())
+    gen = Generation(async_engine, EngineRequest(new_request_id(False), prompt_ids, params), text,
+                     state.metrics, ENDPOINT)
+    if req.stream:
+        return EventSourceResponse(_events(gen, model, truncated), sep="\n", ping=config.ping_seconds,
+                                   ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
+                                   client_close_handler_callable=lambda _: _abort(async_engine, gen))
+    try:
+        content = "".join([piece async for piece in gen.pieces()])
+    except Exception as exc:
+        raise generation_error(exc) from None
+    return JSONResponse(_final(gen, content, model, truncated))
+
+
+def _parts(fim: FimFormat, req: InfillRequest, max_chars: int) -> FimParts:
+    """The prompt's pieces; text beyond what any context could hold is dropped before tokenizing."""
+    extra = [(chunk.filename, chunk.text) for chunk in req.input_extra]
+    prefix, suffix = req.input_prefix[-max_chars:], req.input_suffix[:max_chars]
+    return fim.parts(prefix, suffix, req.prompt, extra)
+
+
+async def _abort(async_engine: Any, gen: Generation) -> None:
+    async_engine.abort(gen.request_id)
+
+
+async def _events(gen: Generation, model: str, truncated: bool) -> AsyncIterator[str]:
+    try:
+        async for piece in gen.pieces():
+            yield _dumps({"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0,
+                          "tokens_predicted": gen.completion_tokens, "tokens_evaluated": gen.prompt_tokens})
+        yield _dumps(_final(gen, "", model, truncated))
+    except Exception as exc:  # the stream has begun: report in-band
+        yield _dumps(generation_error(exc).body())
+    finally:
+        gen.cancel()
+
+
+def _final(gen: Generation, content: str, model: str, truncated: bool) -> dict[str, Any]:
+    stopping_word = gen.text.stop_string or ""
+    stop_type = "limit" if gen.finish_reason == "length" else "word" if stopping_word else "eos"
+    body = final_body(content, model, gen.prompt_tokens, truncated, gen.timings())
+    return body | {"tokens_predicted": gen.completion_tokens, "stop_type": stop_type,
+                   "stopping_word": stopping_word, "has_new_line": "\n" in content}
+
+
+def final_body(content: str, model: str, prompt_tokens: int, truncated: bool,
+               timings: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's last /completion object (generation_settings trimmed to what applies here)."""
+    return {
+        "index": 0, "content": content, "tokens": [], "id_slot": 0, "stop": True, "model": model,
+        "tokens_predicted": 0, "tokens_evaluated": prompt_tokens, "tokens_cached": 0, "truncated": truncated,
+        "stop_type": "limit", "stopping_word": "", "has_new_line": "\n" in content,
+        "timings": _llama_timings(timings),
+    }
+
+
+def _llama_timings(timings: dict[str, Any]) -> dict[str, Any]:
+    """Ours plus llama.cpp's rate names (`prompt_per_second`, `predicted_per_second`)."""
+    return timings | {"prompt_per_second": timings.get("prompt_tokens_per_second", 0.0),
+                      "predicted_per_second": timings.get("generation_tokens_per_second", 0.0)}
+
+
+def _dumps(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
