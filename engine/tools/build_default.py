@@ -25,9 +25,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
 
+from engine.tools import fim_corpus
 from engine.tools import training as tr
 
 SAMPLE_PROMPT = "def fibonacci(n):\n"
+FIM_SAMPLE = ("def add(a, b):\n    return ", "\n\n\ndef sub(a, b):\n    return a - b\n")  # (prefix, suffix)
 ACCEPTANCE_PROMPTS = 5  # code prompts of engine.tools.bench_prompts
 ACCEPTANCE_TOKENS = 64  # new tokens per prompt
 ACCEPTANCE_BUDGET = 64
@@ -68,6 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-lr", type=float, default=3e-3)
     parser.add_argument("--kd-weight", type=float, default=0.9, help="KL weight in the draft loss")
     parser.add_argument("--max-positions", type=int, default=1024)
+    parser.add_argument("--fim-rate", type=float, default=0.5, help="fraction of train files made FIM examples")
     parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16", help="stored weights")
     for name, (full, toy) in DEFAULTS.items():
         kind = float if name.endswith("minutes") else int
@@ -93,6 +96,7 @@ class Corpus:
     train_files: int
     heldout_files: int
     train_bytes: int
+    fim_examples: int
     seconds: float
 
 
@@ -107,9 +111,12 @@ def build_corpus(s: dict[str, Any]) -> Corpus:
     tok = tr.train_tokenizer(train, s["vocab_size"])
     tok.model_max_length = s["max_positions"]
     tok.model_input_names = ["input_ids", "attention_mask"]
-    train_ids, heldout_ids = tr.encode_stream(tok, train), tr.encode_stream(tok, heldout)
+    documents = fim_corpus.apply_fim(train, s["fim_rate"], s["seed"])
+    n_fim = sum(doc.startswith(fim_corpus.FIM_PREFIX) for doc in documents)
+    train_ids, heldout_ids = tr.encode_stream(tok, documents), tr.encode_stream(tok, heldout)
     n_bytes = sum(len(t.encode("utf-8")) for t in train)
-    return Corpus(tok, train_ids, heldout_ids, len(train), len(heldout), n_bytes, time.monotonic() - start)
+    seconds = time.monotonic() - start
+    return Corpus(tok, train_ids, heldout_ids, len(train), len(heldout), n_bytes, n_fim, seconds)
 
 
 def shapes(s: dict[str, Any]) -> tuple[tr.ModelShape, tr.ModelShape]:
@@ -158,6 +165,14 @@ def sample(model: torch.nn.Module, tok: PreTrainedTokenizerFast, max_new_tokens:
     enc = tok(SAMPLE_PROMPT, return_tensors="pt")
     out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)  # [1, prompt + new]
     return tok.decode(out[0], skip_special_tokens=True)
+
+
+@torch.no_grad()
+def fim_sample(model: torch.nn.Module, tok: PreTrainedTokenizerFast, max_new_tokens: int) -> str:
+    """Greedy middle for FIM_SAMPLE's prefix and suffix (stops at EOS)."""
+    enc = tok(fim_corpus.fim_prompt(*FIM_SAMPLE), return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)  # [1, prompt + new]
+    return tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def train_pair(s: dict[str, Any], corpus: Corpus, out: Path) -> dict[str, Any]:
@@ -217,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
     facts["samples"] = {
         "target": sample(target, corpus.tokenizer, s["sample_tokens"]),
         "draft": sample(draft, corpus.tokenizer, s["sample_tokens"]),
+        "fim": fim_sample(target, corpus.tokenizer, s["sample_tokens"]),
     }
     facts["tokens_per_pass"] = tokens_per_pass(out)
     facts["seconds"] = time.monotonic() - start
@@ -274,8 +290,23 @@ def model_card(
         facts["samples"]["draft"],
         "```",
         "",
+        *_fim_lines(facts["samples"]["fim"]),
     ]
     return "\n".join(lines)
+
+
+def _fim_lines(middle: str) -> list[str]:
+    prefix, suffix = FIM_SAMPLE
+    return [
+        "## Fill-in-the-middle sample (target greedy; the pair's output is the same)",
+        "",
+        f"Prefix `{prefix!r}`, suffix `{suffix!r}`; middle filled in: `{middle!r}`. The whole file:",
+        "",
+        "```python",
+        prefix + middle + suffix,
+        "```",
+        "",
+    ]
 
 
 def _data_lines(s: dict[str, Any], corpus: Corpus) -> list[str]:
@@ -288,7 +319,12 @@ def _data_lines(s: dict[str, Any], corpus: Corpus) -> list[str]:
         + ").",
         f"- Held out: files whose sha1(relative path) % {s['heldout_mod']} == 0: {corpus.heldout_files} files, "
         f"{corpus.heldout_ids.numel():,} tokens. Train: {corpus.train_files} files, "
-        f"{corpus.train_bytes / 1e6:.1f} MB, {corpus.train_ids.numel():,} tokens.",
+        f"{corpus.train_bytes / 1e6:.1f} MB, {corpus.train_ids.numel():,} tokens (FIM examples included).",
+        f"- Fill-in-the-middle: a seeded {s['fim_rate']:.0%} of the train files are cut at line ends into "
+        f"pieces of {fim_corpus.MIN_PIECE_CHARS}-{fim_corpus.MAX_PIECE_CHARS}+ characters, each split at two "
+        "random character points that do not cut a word, and written in PSM order as "
+        "`<|fim_prefix|>pre<|fim_suffix|>suf<|fim_middle|>mid` (then EOS): "
+        f"{corpus.fim_examples:,} FIM examples. The held-out figures below are on plain text.",
         f"- Byte-level BPE, vocab {len(corpus.tokenizer)} (trained on the train files only); special tokens "
         f"{', '.join(f'`{t}`' for t in tr.SPECIAL_TOKENS)} are atomic. BOS is prepended on encode; documents "
         "are `BOS text EOS`. Chat template: `<|role|>\\n...<|eos|>\\n` turns, with add_generation_prompt.",

@@ -21,9 +21,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from engine.tools.fim_corpus import FIM_TOKENS
+
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
-SPECIAL_TOKENS = [BOS, EOS, PAD, *ROLE_TOKENS]
+SPECIAL_TOKENS = [BOS, EOS, PAD, *ROLE_TOKENS, *FIM_TOKENS]
 
 # One turn per message: "<|role|>\n{content}<|eos|>\n"; the generation prompt opens an assistant turn.
 CHAT_TEMPLATE = (
@@ -102,7 +104,7 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFas
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
-        additional_special_tokens=ROLE_TOKENS,
+        additional_special_tokens=[*ROLE_TOKENS, *FIM_TOKENS],
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE

@@ -58,6 +58,7 @@ def _check_pair(out: Path) -> None:
     assert params["draft"] * 5 <= params["target"]
     card = (out / "MODEL_CARD.md").read_text()
     assert "Target loss" in card and "Draft loss" in card and "agreement" in card
+    assert "Fill-in-the-middle" in card and "<|fim_prefix|>" in card
 
 
 def test_toy_build_outputs_load(toy_build: Path) -> None:

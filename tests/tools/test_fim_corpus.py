@@ -1,0 +1,55 @@
+"""FIM training examples of `specexec build-default`: PSM layout, lossless splits, seeded rate."""
+
+from __future__ import annotations
+
+import random
+
+from engine.tools.fim_corpus import (
+    FIM_MIDDLE,
+    FIM_PREFIX,
+    FIM_SUFFIX,
+    apply_fim,
+    fim_pieces,
+    split_pieces,
+    split_points,
+)
+
+TEXT = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(60))
+
+
+def unfim(example: str) -> str:
+    """The original piece of a PSM example: prefix + middle + suffix."""
+    assert example.startswith(FIM_PREFIX)
+    prefix, rest = example[len(FIM_PREFIX) :].split(FIM_SUFFIX)
+    suffix, middle = rest.split(FIM_MIDDLE)
+    return prefix + middle + suffix
+
+
+def test_pieces_cover_the_text_at_line_ends() -> None:
+    pieces = split_pieces(TEXT, random.Random(0))
+    assert "".join(pieces) == TEXT and len(pieces) > 3
+    assert all(p.endswith("\n") for p in pieces)
+
+
+def test_fim_examples_are_psm_and_lossless() -> None:
+    examples = fim_pieces(TEXT, random.Random(1))
+    assert "".join(unfim(e) for e in examples) == TEXT
+    for example in examples:
+        assert example.index(FIM_PREFIX) < example.index(FIM_SUFFIX) < example.index(FIM_MIDDLE)
+
+
+def test_apply_fim_is_seeded_and_follows_the_rate() -> None:
+    texts = [f"x = {i}\n" * 5 for i in range(400)]
+    out = apply_fim(texts, 0.5, seed=7)
+    assert out == apply_fim(texts, 0.5, seed=7)
+    num_fim = sum(doc.startswith(FIM_PREFIX) for doc in out)
+    assert 150 < num_fim < 250  # each short text is one piece
+    assert apply_fim(texts, 0.0, seed=7) == texts
+    assert all(doc.startswith(FIM_PREFIX) for doc in apply_fim(texts, 1.0, seed=7))
+
+
+def test_splits_never_cut_a_word() -> None:
+    piece = "def add(a, b):\n    return a_1 + b2\n"
+    points = split_points(piece)
+    assert 0 in points and len(piece) in points and piece.index("return") in points
+    assert piece.index("return") + 2 not in points and piece.index("a_1") + 1 not in points
