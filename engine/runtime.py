@@ -148,11 +148,12 @@ class Engine:
     def _use_pool(self, pool: KVPool) -> None:
         """Serve from `pool`, replaced by a fresh one of the same size if its caches are too small."""
         spec = self.config.speculation
-        target_capacity, _ = memory_plan.cache_capacities(self.max_context, self.budget, spec.max_depth, spec.max_expand)
-        if pool.slots[0].target.capacity < target_capacity:
-            del pool
-            pool = self._new_pool(self.max_running + self.config.limits.prefix_cache_slots,
-                                  self.config.limits.prefix_cache_slots > 0)
+        target_capacity, draft_capacity = memory_plan.cache_capacities(
+            self.max_context, self.budget, spec.max_depth, spec.max_expand
+        )
+        slot = pool.slots[0]
+        if slot.target.capacity < target_capacity or (slot.draft is not None and slot.draft.capacity < draft_capacity):
+            pool = self._new_pool(len(pool.slots), pool.reuse)
         self.pool = pool
         self.scheduler = Scheduler(pool, self.max_running, self.max_context, self.budget)
 

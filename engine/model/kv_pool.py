@@ -13,6 +13,7 @@ everything.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from engine.model.kv_cache import KVCache
@@ -36,11 +37,7 @@ class Acquired:
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of two token lists."""
-    limit = min(len(a), len(b))
-    for idx in range(limit):
-        if a[idx] != b[idx]:
-            return idx
-    return limit
+    return len(os.path.commonprefix([a, b]))
 
 
 class KVPool:
@@ -93,7 +90,3 @@ class KVPool:
             slot.target.reset()
             if slot.draft is not None:
                 slot.draft.reset()
-
-    def cached_tokens(self) -> int:
-        """Tokens held by free slots (the prefix cache's content)."""
-        return sum(slot.target.length for slot in self.slots if not slot.running and slot.token_ids)

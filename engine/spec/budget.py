@@ -285,6 +285,6 @@ def extend_curve(curve: np.ndarray, budgets: np.ndarray) -> np.ndarray:
     """E[accepted] at `budgets` from a partly seen curve: best known values at the seen budgets,
     linear between them and along the last segment past them."""
     best = best_known(curve)
-    seen = {int(b): float(best[b]) for b in np.flatnonzero(np.isfinite(curve)) if b <= len(curve) - 1}
+    seen = {int(b): float(best[b]) for b in np.flatnonzero(np.isfinite(curve))}
     seen.setdefault(0, 0.0)
     return interpolate_all(seen, budgets.tolist())

@@ -97,41 +97,42 @@ def cell(value: Any, fmt: str = ".2f", suffix: str = "") -> str:
     return f"{value:{fmt}}{suffix}" if isinstance(value, float) else f"{value}{suffix}"
 
 
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
 def streams_table(rows: list[dict], source: str) -> str:
     head = ["variant", "T", "streams", "aggregate tok/s", "x 1 stream", "stream tok/s", "TTFT mean s",
             "TTFT max s", "tokens/pass per request", "tokens/pass", "requests/pass"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in (r for r in rows if r["source"] == source):
-        cells = [r["variant"], f"{r['temperature']:g}", str(r["num_streams"]), cell(r.get("aggregate_tokens_per_s")),
-                 cell(r.get("speedup"), suffix="x"), cell(r.get("stream_tokens_per_s")), cell(r.get("ttft_mean")),
-                 cell(r.get("ttft_max")), cell(r.get("tokens_per_pass_request")), cell(r.get("tokens_per_pass")),
-                 cell(r.get("requests_per_pass"))]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table(head, [
+        [r["variant"], f"{r['temperature']:g}", str(r["num_streams"]), cell(r.get("aggregate_tokens_per_s")),
+         cell(r.get("speedup"), suffix="x"), cell(r.get("stream_tokens_per_s")), cell(r.get("ttft_mean")),
+         cell(r.get("ttft_max")), cell(r.get("tokens_per_pass_request")), cell(r.get("tokens_per_pass")),
+         cell(r.get("requests_per_pass"))]
+        for r in rows if r["source"] == source
+    ])
 
 
 def interrupt_table(rows: list[dict]) -> str:
     head = ["source", "variant", "long request tokens", "short request tokens", "short TTFT s",
             "passes waited", "long chunks meanwhile", "short request s"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["source"], r["variant"], str(r["long_max_tokens"]), str(r["short_max_tokens"]),
-                 cell(r["short_ttft"]), cell(r["passes_waited"], ".0f"), cell(r["long_chunks_waited"]),
-                 cell(r["short_seconds"])]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table(head, [
+        [r["source"], r["variant"], str(r["long_max_tokens"]), str(r["short_max_tokens"]),
+         cell(r["short_ttft"]), cell(r["passes_waited"], ".0f"), cell(r["long_chunks_waited"]), cell(r["short_seconds"])]
+        for r in rows
+    ])
 
 
 def turn_table(rows: list[dict]) -> str:
     head = ["source", "variant", "prefix cache", "turn 1 prompt + reply tokens", "turn 2 prompt tokens",
             "cached tokens", "turn 2 prefill s", "turn 2 TTFT s"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["source"], r["variant"], r["prefix_cache"],
-                 f"{r['turn1_prompt_tokens']} + {r['turn1_completion_tokens']}", str(r["turn2_prompt_tokens"]),
-                 cell(r["cached_tokens"]), cell(r["turn2_prefill_seconds"], ".3f"), cell(r["turn2_ttft"], ".3f")]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table(head, [
+        [r["source"], r["variant"], r["prefix_cache"], f"{r['turn1_prompt_tokens']} + {r['turn1_completion_tokens']}",
+         str(r["turn2_prompt_tokens"]), cell(r["cached_tokens"]), cell(r["turn2_prefill_seconds"], ".3f"),
+         cell(r["turn2_ttft"], ".3f")]
+        for r in rows
+    ])
 
 
 def goals(rows: list[dict], interrupts: list[dict], turns: list[dict]) -> list[str]:

@@ -87,13 +87,18 @@ class ServerProcess:
         raise ServerFailed(f"server not healthy after {timeout:.0f} s:\n{self.log_tail()}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process, grace_seconds=60)
+
+
+def stop_process(process: subprocess.Popen, grace_seconds: float) -> None:
+    """SIGTERM (the server drains), then SIGKILL if it has not exited within grace_seconds."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
 
 
 @contextlib.contextmanager

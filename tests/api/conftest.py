@@ -27,6 +27,7 @@ import openai
 import pytest
 
 from engine.config import EngineConfig, LimitsConfig
+from engine.tools.serve_process import stop_process
 from server.app import build_app
 from server.config import ServerConfig
 from tests.helpers.fake_engine import FakeEngine
@@ -59,13 +60,7 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process, grace_seconds=30)
 
 
 def wait_healthy(server: ServerProcess, timeout: float = STARTUP_TIMEOUT) -> None:
