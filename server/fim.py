@@ -1,4 +1,4 @@
-"""Fill-in-the-middle prompts from a tokenizer's FIM special tokens (PSM order).
+"""Fill-in-the-middle prompts from a tokenizer's FIM special tokens (PSM order, or SPM on request).
 
 Conventions, detected from the vocabulary in this order:
 
@@ -11,9 +11,13 @@ Conventions, detected from the vocabulary in this order:
 - codellama: `▁<PRE>`, `▁<SUF>`, `▁<MID>` (or without `▁`); stops on `▁<EOT>`. The suffix is encoded
   without SentencePiece's leading space, as `<PRE> {pre} <SUF>{suf} <MID>` spells it.
 
+Order: prefix-suffix-middle (`PRE prefix SUF suffix MID`, what these models are trained on), unless the
+tokenizer config says `"fim_order": "spm"` (the built-in pair): suffix-prefix-middle in the
+Bavarian et al. form `PRE SUF suffix MID prefix`, where the middle continues the prefix directly.
+
 Every convention also stops on its own three markers (they never occur inside a middle). The prompt
 is built in token ids: the tokenizer's own leading specials (BOS), then the extra context, then
-`PRE prefix prompt SUF suffix MID` with each text piece encoded alone (special tokens split the
+the markers and pieces in the model's order, each text piece encoded alone (special tokens split the
 text first, so this equals encoding the joined string for byte-level BPE).
 
 Extra context (llama.cpp's `input_extra`): with repository tokens, `<repo>project\\n` then
@@ -30,6 +34,7 @@ from typing import Any
 SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
 PROJECT_NAME = "project"
 CURRENT_FILE = "filename"
+ORDERS = ("psm", "spm")
 PREFIX_SHARE = 0.75  # when a prompt must be cut: the prefix keeps up to 3/4 of the room (llama.cpp's ratio)
 
 
@@ -85,6 +90,7 @@ class FimFormat:
         self.repo_id = vocab.get(convention.repo) if convention.repo else None
         self.file_sep_id = vocab.get(convention.file_sep) if convention.file_sep else None
         self.head = leading_specials(tokenizer)
+        self.order = fim_order(tokenizer)
 
     @classmethod
     def detect(cls, tokenizer: Any) -> FimFormat | None:
@@ -112,7 +118,10 @@ class FimFormat:
         return FimParts(list(self.head), self._extra_ids(extra), self.encode(prefix + prompt), suffix_ids)
 
     def assemble(self, parts: FimParts) -> list[int]:
-        """head extra PRE prefix SUF suffix MID."""
+        """psm: head extra PRE prefix SUF suffix MID; spm: head extra PRE SUF suffix MID prefix."""
+        if self.order == "spm":
+            return [*parts.head, *parts.extra, self.prefix_id, self.suffix_id, *parts.suffix, self.middle_id,
+                    *parts.prefix]
         return [*parts.head, *parts.extra, self.prefix_id, *parts.prefix, self.suffix_id, *parts.suffix,
                 self.middle_id]
 
@@ -148,6 +157,12 @@ class FimFormat:
         bare = self.tokenizer.convert_tokens_to_ids(first[1:])
         unk = getattr(self.tokenizer, "unk_token_id", None)
         return ids if bare is None or bare == unk else [bare, *ids[1:]]
+
+
+def fim_order(tokenizer: Any) -> str:
+    """"spm" when the tokenizer config says `"fim_order": "spm"`, else "psm"."""
+    order = str((getattr(tokenizer, "init_kwargs", None) or {}).get("fim_order", "psm")).lower()
+    return order if order in ORDERS else "psm"
 
 
 def leading_specials(tokenizer: Any) -> list[int]:

@@ -60,7 +60,7 @@ class PromptBuilder:
         self.tools = ToolSupport.detect(tokenizer, self.chat_template, tool_parser)
         log.info("chat template: %s", self.tools.describe())
         self.fim = FimFormat.detect(tokenizer)  # None: no fill-in-the-middle tokens (server/fim.py)
-        log.info("fill-in-the-middle: %s", self.fim.name if self.fim is not None else "none")
+        log.info("fill-in-the-middle: %s", f"{self.fim.name}, {self.fim.order}" if self.fim is not None else "none")
 
     def tool_plan(self, request: SamplingRequest) -> ToolPlan | None:
         """How a chat request's tools are served (None: plain text); a 400 for a tool_choice the

@@ -111,6 +111,7 @@ def build_corpus(s: dict[str, Any]) -> Corpus:
     tok = tr.train_tokenizer(train, s["vocab_size"])
     tok.model_max_length = s["max_positions"]
     tok.model_input_names = ["input_ids", "attention_mask"]
+    tok.init_kwargs["fim_order"] = fim_corpus.FIM_ORDER  # saved in tokenizer_config.json for the server
     documents = fim_corpus.apply_fim(train, s["fim_rate"], s["seed"])
     n_fim = sum(doc.startswith(fim_corpus.FIM_PREFIX) for doc in documents)
     train_ids, heldout_ids = tr.encode_stream(tok, documents), tr.encode_stream(tok, heldout)
@@ -321,9 +322,11 @@ def _data_lines(s: dict[str, Any], corpus: Corpus) -> list[str]:
         f"{corpus.heldout_ids.numel():,} tokens. Train: {corpus.train_files} files, "
         f"{corpus.train_bytes / 1e6:.1f} MB, {corpus.train_ids.numel():,} tokens (FIM examples included).",
         f"- Fill-in-the-middle: a seeded {s['fim_rate']:.0%} of the train files are cut at line ends into "
-        f"pieces of {fim_corpus.MIN_PIECE_CHARS}-{fim_corpus.MAX_PIECE_CHARS}+ characters, each split at two "
-        "random character points that do not cut a word, and written in PSM order as "
-        "`<|fim_prefix|>pre<|fim_suffix|>suf<|fim_middle|>mid` (then EOS): "
+        f"pieces of {fim_corpus.MIN_PIECE_CHARS}-{fim_corpus.MAX_PIECE_CHARS}+ characters, each split at a "
+        "cursor that does not cut a word; the middle runs to the end of the cursor's line or one or two "
+        f"lines below it ({fim_corpus.LINE_END_SHARE:.0%}), else to a second random point. Written in SPM "
+        "order, `<|fim_prefix|><|fim_suffix|>suf<|fim_middle|>pre mid` (then EOS), so the middle continues "
+        f"the prefix directly; `fim_order: {fim_corpus.FIM_ORDER}` in tokenizer_config.json tells the server. "
         f"{corpus.fim_examples:,} FIM examples. The held-out figures below are on plain text.",
         f"- Byte-level BPE, vocab {len(corpus.tokenizer)} (trained on the train files only); special tokens "
         f"{', '.join(f'`{t}`' for t in tr.SPECIAL_TOKENS)} are atomic. BOS is prepended on encode; documents "

@@ -65,6 +65,20 @@ def test_bpe_conventions_build_the_psm_prompt(name: str) -> None:
     assert set(fim.stop_ids) == markers
 
 
+def test_tokenizer_config_fim_order_spm_puts_the_prefix_last() -> None:
+    """`"fim_order": "spm"` (the built-in pair's tokenizer config): PRE SUF suffix MID prefix, so the
+    middle continues the prefix; an unknown order falls back to PSM."""
+    pre_tok, suf_tok, mid_tok, _stops = BPE_CONVENTIONS["qwen"]
+    tokenizer = qwen_tokenizer()
+    tokenizer.init_kwargs["fim_order"] = "spm"
+    fim = FimFormat.detect(tokenizer)
+    assert fim is not None and fim.order == "spm"
+    want = tokenizer.encode(f"{pre_tok}{suf_tok}{SUFFIX}{mid_tok}{PREFIX}", add_special_tokens=True)
+    assert fim.prompt_ids(PREFIX, SUFFIX) == want
+    tokenizer.init_kwargs["fim_order"] = "sideways"
+    assert FimFormat.detect(tokenizer).order == "psm"
+
+
 def test_codellama_convention_drops_the_space_before_the_suffix() -> None:
     tokenizer = codellama_tokenizer()
     fim = FimFormat.detect(tokenizer)

@@ -1,4 +1,5 @@
-"""FIM training examples of `specexec build-default`: PSM layout, lossless splits, seeded rate."""
+"""FIM training examples of `specexec build-default`: SPM layout, lossless splits, cursor-like middles,
+seeded rate."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from engine.tools.fim_corpus import (
     FIM_SUFFIX,
     apply_fim,
     fim_pieces,
+    line_end,
+    middle_span,
     split_pieces,
     split_points,
 )
@@ -18,11 +21,10 @@ TEXT = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(60))
 
 
 def unfim(example: str) -> str:
-    """The original piece of a PSM example: prefix + middle + suffix."""
-    assert example.startswith(FIM_PREFIX)
-    prefix, rest = example[len(FIM_PREFIX) :].split(FIM_SUFFIX)
-    suffix, middle = rest.split(FIM_MIDDLE)
-    return prefix + middle + suffix
+    """The original piece of an SPM example `PRE SUF suffix MID prefix middle`: prefix + middle + suffix."""
+    assert example.startswith(FIM_PREFIX + FIM_SUFFIX)
+    suffix, prefix_middle = example[len(FIM_PREFIX + FIM_SUFFIX) :].split(FIM_MIDDLE)
+    return prefix_middle + suffix
 
 
 def test_pieces_cover_the_text_at_line_ends() -> None:
@@ -31,11 +33,28 @@ def test_pieces_cover_the_text_at_line_ends() -> None:
     assert all(p.endswith("\n") for p in pieces)
 
 
-def test_fim_examples_are_psm_and_lossless() -> None:
+def test_fim_examples_are_spm_and_lossless() -> None:
     examples = fim_pieces(TEXT, random.Random(1))
     assert "".join(unfim(e) for e in examples) == TEXT
     for example in examples:
         assert example.index(FIM_PREFIX) < example.index(FIM_SUFFIX) < example.index(FIM_MIDDLE)
+
+
+def test_middles_start_at_a_cursor_and_often_end_at_a_line_end() -> None:
+    piece = "def add(a, b):\n    total = a + b\n    return total\n"
+    rng = random.Random(3)
+    spans = [middle_span(piece, rng) for _ in range(400)]
+    assert all(0 <= lo <= hi <= len(piece) for lo, hi in spans)
+    at_line_end = sum(hi == len(piece) or piece[hi] == "\n" for _lo, hi in spans)
+    assert at_line_end > 200  # half by construction, plus uniform ends that land on one
+
+
+def test_line_end_counts_lines_below_the_cursor() -> None:
+    piece = "a = 1\nb = 2\nc = 3"
+    assert line_end(piece, 2, 0) == 5
+    assert line_end(piece, 2, 1) == 11
+    assert line_end(piece, 2, 2) == len(piece)
+    assert line_end(piece, 5, 0) == 5  # a cursor at a line's end: an empty middle
 
 
 def test_apply_fim_is_seeded_and_follows_the_rate() -> None:
