@@ -266,7 +266,7 @@ class Engine:
             budget=self.budget,
             stop_mask=stop_mask,
             max_context=self.max_context,
-            track_acceptance=self.budget_tracker is not None or self.max_running > 1,
+            track_acceptance=True,  # budget auto and shared budgets use the curve; StepStats its expectation
         )
 
     def abort_request(self, request_id: str) -> TokenDelta | None:

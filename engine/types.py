@@ -121,6 +121,7 @@ class StepStats:
     step_seconds: float
     batch_size: int = 1  # requests whose trees the pass scored
     pass_tokens: int = 0  # tokens the pass scored: every request's tree and prompt tokens prefilled in it
+    expected_accepted: float | None = None  # E[num_accepted | this tree] (sample-and-match); None: not known
 
 
 @dataclass(frozen=True)

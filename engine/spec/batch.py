@@ -96,6 +96,7 @@ def run_batch(target: DecoderRunner, items: list[BatchItem]) -> list[tuple[list[
             step_seconds=step_seconds,
             batch_size=len(items),
             pass_tokens=pass_tokens,
+            expected_accepted=item.seq.expected_accepted,
         ))
-        for ids, tree in zip(new_ids, trees, strict=True)
+        for ids, tree, item in zip(new_ids, trees, items, strict=True)
     ]

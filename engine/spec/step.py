@@ -36,6 +36,7 @@ class SequenceState:
     prompt_mask: torch.Tensor | None  # [vocab] bool, tokens of the prompt (repetition penalty)
     emitted: int = 0
     acceptance_curve: list[float] | None = None  # last step's E[accepted] per budget 1..n-1 (budget auto)
+    expected_accepted: float | None = None  # last step's E[accepted draft tokens | its tree]; None: sampled SpecInfer
     step_logprobs: list[TokenLogprob] | None = None  # last step's, one per new token (params.logprobs set)
     grammar: GrammarState | None = None  # structured output: the grammar after the committed tokens
 
@@ -131,6 +132,15 @@ def step_curve(ctx: StepContext, seq: SequenceState, tree: Tree, verdict: Verdic
     return acceptance_curve(path_probabilities(tree, verdict.node_log_probs))
 
 
+def expected_accepted(seq: SequenceState, tree: Tree) -> float | None:
+    """E[accepted draft tokens] of the step's tree under sample-and-match: the sum over non-root nodes
+    of the target's path probability (the last entry of the curve; greedy: the argmax path's length).
+    None when not tracked, and for sampled SpecInfer trees (rejection sampling accepts differently)."""
+    if seq.acceptance_curve is None or (tree.draft_probs is not None and not seq.params.greedy):
+        return None
+    return seq.acceptance_curve[-1] if seq.acceptance_curve else 0.0
+
+
 def step_depth(ctx: StepContext, seq: SequenceState) -> int:
     """The deepest node this step's tree may have (the tree is cut to what the request may still emit)."""
     remaining = min(seq.params.max_tokens - seq.emitted, ctx.max_context - len(seq.token_ids))
@@ -166,6 +176,7 @@ def commit_step(ctx: StepContext, seq: SequenceState, tree: Tree, logits: torch.
     new_ids = [int(t) for t in summary[:num_new]]
     lp_begin = num_new + curve.shape[0]
     seq.acceptance_curve = summary[num_new:lp_begin] if ctx.track_acceptance else None
+    seq.expected_accepted = expected_accepted(seq, tree)
     seq.step_logprobs = unpack_logprobs(summary[lp_begin:], num_new) if seq.params.logprobs is not None else None
     seq.token_ids.extend(new_ids)
     accept_committed(seq, new_ids)

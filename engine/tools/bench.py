@@ -57,8 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperatures", type=comma_list(float), default=[0.0, 0.6], help="comma list")
     parser.add_argument("--prompt-set", choices=PROMPT_SETS, default="mixed")
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts per configuration")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
-    parser.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i, for every method")
+    parser.add_argument("--max-tokens", type=int, default=96, help="tokens generated per prompt")
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="sampled runs per prompt (trajectories; greedy runs once)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="run k of prompt i uses seed + i + k * num_prompts, for every method"
+    )
     parser.add_argument("--max-expand", type=int, default=SpeculationConfig.max_expand)
     parser.add_argument("--max-children", type=int, default=SpeculationConfig.max_children)
     parser.add_argument("--max-depth", type=int, default=SpeculationConfig.max_depth)
@@ -162,20 +167,25 @@ def run_config(
     if engine.pair.draft is not None and engine.pair.draft is not engine.pair.target:
         clocks.append(ForwardClock(engine.pair.draft))
     try:
-        for idx, prompt_ids in enumerate(prompts):
+        for idx, run, prompt_ids in trajectories(prompts, runs_per_prompt(args, result.temperature)):
+            seed = args.seed + idx + run * len(prompts)
             params = SamplingParams(
                 temperature=result.temperature,
-                seed=args.seed + idx,
+                seed=seed,
                 max_tokens=args.max_tokens,
                 ignore_eos=True,
             )
-            sizes, accepted, steps, totals = [], [], [], None
-            for delta in engine.generate(Request(f"bench-{idx}", prompt_ids, params)):
+            sizes, accepted, expected, steps, totals = [], [], [], [], None
+            for delta in engine.generate(Request(f"bench-{idx}-{run}", prompt_ids, params)):
                 stats = delta.stats
                 sizes.append(stats.tree_size)
                 accepted.append(stats.num_accepted)
+                expected.append(stats.expected_accepted)
                 steps.append((stats.draft_seconds, stats.target_seconds, stats.step_seconds))
                 totals = delta.totals or totals
+            result.prompt_index.append(idx)
+            result.seeds.append(seed)
+            result.expected.append(expected)
             result.completion_tokens.append(totals.completion_tokens)
             result.target_passes.append(totals.target_passes)
             result.decode_seconds.append(totals.decode_seconds)
@@ -192,6 +202,16 @@ def run_config(
         for clock in clocks:
             clock.remove()
     return result
+
+
+def runs_per_prompt(args: argparse.Namespace, temperature: float) -> int:
+    """Seeds per prompt: greedy decoding gives the same trajectory whatever the seed."""
+    return 1 if SamplingParams(temperature=temperature).greedy else max(1, args.seeds)
+
+
+def trajectories(prompts: list[list[int]], runs: int) -> list[tuple[int, int, list[int]]]:
+    """(prompt index, run, prompt ids) for every run of every prompt."""
+    return [(idx, run, prompt) for run in range(runs) for idx, prompt in enumerate(prompts)]
 
 
 def speculation_for(base: Engine, method: str, budget: int | str) -> SpeculationConfig:
@@ -287,7 +307,8 @@ def run(args: argparse.Namespace) -> int:
         encode_prompt(tokenizer, kind, text)
         for kind, text in select_prompts(args.prompt_set, args.num_prompts)
     ]
-    total = len(args.modes) * len(configs_for(args)) * len(args.temperatures) * len(prompts)
+    runs = sum(runs_per_prompt(args, t) for t in args.temperatures)
+    total = len(args.modes) * len(configs_for(args)) * runs * len(prompts)
     results, modes = [], {}
     with tqdm(total=total, unit="run", dynamic_ncols=True) as bar:
         for mode in args.modes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,13 +13,16 @@ from types import SimpleNamespace
 
 @dataclass
 class RunResult:
-    """One configuration over every prompt: raw figures, one list entry per prompt."""
+    """One configuration over every trajectory (a prompt run with one seed): raw figures, one list entry
+    per trajectory."""
 
     mode: str
     temperature: float
     method: str
     budget: int | str  # int, or "auto"
-    completion_tokens: list[int] = field(default_factory=list)  # per prompt
+    prompt_index: list[int] = field(default_factory=list)  # per trajectory: which prompt
+    seeds: list[int] = field(default_factory=list)  # per trajectory: its request seed
+    completion_tokens: list[int] = field(default_factory=list)
     target_passes: list[int] = field(default_factory=list)
     decode_seconds: list[float] = field(default_factory=list)
     prefill_seconds: list[float] = field(default_factory=list)
@@ -30,6 +34,7 @@ class RunResult:
     target_forward_seconds: list[float] = field(default_factory=list)  # inside the target's (incl. streaming)
     tree_sizes: list[list[int]] = field(default_factory=list)  # per prompt, per step (root included)
     accepted: list[list[int]] = field(default_factory=list)
+    expected: list[list[float | None]] = field(default_factory=list)  # per step: E[accepted | tree], None: unknown
     steps: list[list[tuple[float, float, float]]] = field(
         default_factory=list
     )  # per step (draft, target, step) s
@@ -43,21 +48,55 @@ MODE_LABELS = {
 METHOD_LABELS = {"autoregressive": "Autoregressive", "specinfer": "SpecInfer", "specexec": "SpecExec"}
 
 
+def ratio_with_se(numerators: list[float], denominators: list[float]) -> tuple[float, float]:
+    """sum(a) / sum(b) over clusters (trajectories) and its cluster-robust standard error (the delta
+    method for a ratio of sums; nan with fewer than two clusters)."""
+    total = sum(denominators)
+    if total <= 0:
+        return float("nan"), float("nan")
+    ratio = sum(numerators) / total
+    n = len(denominators)
+    if n < 2:
+        return ratio, float("nan")
+    mean = total / n
+    var = sum((a - ratio * b) ** 2 for a, b in zip(numerators, denominators, strict=True)) / (n * (n - 1))
+    return ratio, math.sqrt(var) / mean
+
+
+def per_trajectory_tokens_per_pass(result: RunResult) -> tuple[float, float, float | None, float]:
+    """(tokens/pass, se, expected tokens/pass or None, its se) with accepted + bonus per step."""
+    passes = [len(steps) for steps in result.accepted]
+    value, se = ratio_with_se([sum(a + 1 for a in steps) for steps in result.accepted], passes)
+    known = getattr(result, "expected", [])  # old raw.json files have none
+    if not known or any(e is None for steps in known for e in steps):
+        return value, se, None, float("nan")
+    expected, expected_se = ratio_with_se([sum(e + 1 for e in steps) for steps in known], [len(k) for k in known])
+    return value, se, expected, expected_se
+
+
 def summarize(result: RunResult, link: dict) -> dict[str, float]:
-    """Per-configuration figures from the raw per-prompt lists."""
+    """Per-configuration figures from the raw per-trajectory lists; *_se: standard errors clustered by
+    trajectory."""
     tokens = sum(result.completion_tokens)
     passes = max(sum(result.target_passes), 1)
     decode = max(sum(result.decode_seconds), 1e-9)
     forwards = sum(result.draft_forward_seconds) + sum(result.target_forward_seconds)
     steps = [size - 1 for sizes in result.tree_sizes for size in sizes]
-    accepted = [a for per_prompt in result.accepted for a in per_prompt]
+    tokens_per_pass, tokens_per_pass_se, expected, expected_se = per_trajectory_tokens_per_pass(result)
+    tokens_per_s, tokens_per_s_se = ratio_with_se(result.completion_tokens, result.decode_seconds)
     out = {
         "tokens": tokens,
         "passes": passes,
+        "trajectories": len(result.accepted),
         # accepted + bonus per pass, before max_tokens truncation of the last step
-        "tokens_per_pass": sum(a + 1 for a in accepted) / max(len(accepted), 1),
+        "tokens_per_pass": tokens_per_pass,
+        "tokens_per_pass_se": tokens_per_pass_se,
+        # 1 + E[accepted | tree] per pass (sample-and-match trees; None for sampled SpecInfer)
+        "expected_tokens_per_pass": expected,
+        "expected_tokens_per_pass_se": expected_se,
         "emitted_per_pass": tokens / passes,
-        "tokens_per_s": tokens / decode,
+        "tokens_per_s": tokens_per_s if tokens_per_s == tokens_per_s else tokens / decode,
+        "tokens_per_s_se": tokens_per_s_se,
         "draft_s_per_step": sum(result.draft_seconds) / passes,
         "target_s_per_step": sum(result.target_seconds) / passes,
         "step_s": decode / passes,
@@ -144,6 +183,13 @@ def goals(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def with_se(value: float, se: float | None) -> str:
+    """'4.21 ± 0.13', or '4.21' without a standard error."""
+    if se is None or se != se:
+        return f"{value:.2f}"
+    return f"{value:.2f} ± {se:.2f}"
+
+
 def markdown_table(rows: list[dict], modes: dict, padding: dict) -> str:
     out = []
     for mode, info in modes.items():
@@ -153,6 +199,7 @@ def markdown_table(rows: list[dict], modes: dict, padding: dict) -> str:
             "method",
             "budget",
             "tokens/pass",
+            "expected",
             "tokens/s",
             "speedup",
             "draft s/step",
@@ -171,8 +218,9 @@ def markdown_table(rows: list[dict], modes: dict, padding: dict) -> str:
                 f"{r['temperature']:g}",
                 METHOD_LABELS[r["method"]],
                 budget_label(r),
-                f"{r['tokens_per_pass']:.2f}",
-                f"{r['tokens_per_s']:.2f}",
+                with_se(r["tokens_per_pass"], r.get("tokens_per_pass_se")),
+                "-" if r.get("expected_tokens_per_pass") is None else f"{r['expected_tokens_per_pass']:.2f}",
+                with_se(r["tokens_per_s"], r.get("tokens_per_s_se")),
                 f"{r['speedup']:.2f}x",
                 f"{r['draft_s_per_step']:.3f}",
                 f"{r['target_s_per_step']:.3f}",
@@ -208,10 +256,14 @@ def plot(
             sel = [r for r in rows if r["mode"] == mode and r["temperature"] == temperature]
             for method in ("specexec", "specinfer"):
                 pts = sorted(
-                    (r["budget"], r[key]) for r in sel if r["method"] == method and r["budget"] != "auto"
+                    (r["budget"], r[key], r.get(f"{key}_se") or 0.0)
+                    for r in sel
+                    if r["method"] == method and r["budget"] != "auto"
                 )
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), marker="o", label=METHOD_LABELS[method])
+                    xs, ys, errs = zip(*pts, strict=True)
+                    errs = [e if e == e else 0.0 for e in errs]  # nan (one trajectory): no bar
+                    ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=METHOD_LABELS[method])
             for r in sel:
                 if r["method"] == "autoregressive":
                     ax.axhline(r[key], color="gray", linestyle="--", label="Autoregressive")
@@ -259,7 +311,10 @@ def write_report(out: Path, meta: dict, raw: list[dict]) -> dict[str, Path]:
         f"{meta['started']} UTC, {meta['wall_seconds'] / 60:.1f} min, torch threads {meta['torch_threads']}, "
         f"load average at end {meta['loadavg_end'][0]:.2f}. Tokens/s over decoding steps (prefill excluded); "
         "overhead = step time outside the draft and target forwards (weight streaming counts as forward). "
-        "tokens/pass = accepted + bonus per target pass (before max_tokens truncation); the physical "
+        "tokens/pass = accepted + bonus per target pass (before max_tokens truncation); expected = 1 + the "
+        "trees' exact E[accepted] under sample-and-match (the sum of their nodes' target path probabilities; "
+        "'-' for sampled SpecInfer, whose rejection sampling accepts differently); ± = standard error "
+        "clustered by trajectory (a prompt run with one seed; greedy runs once per prompt); the physical "
         "limit uses tokens emitted per pass, so % of limit = link time / step time.\n\n"
     )
     paths = {

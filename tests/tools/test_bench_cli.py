@@ -21,7 +21,7 @@ def test_bench_runs_every_configuration_and_writes_its_outputs(tmp_path):
     save_file({k: v.half() for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
     out = tmp_path / "out"
     args = ["bench", "--target", str(target), "--draft", str(draft), "--modes", "resident,ram,disk",
-            "--budgets", "4,8", "--temperatures", "0,0.6", "--num-prompts", "2", "--max-tokens", "6",
+            "--budgets", "4,8", "--temperatures", "0,0.6", "--num-prompts", "2", "--seeds", "2", "--max-tokens", "6",
             "--threads", "1", "--out", str(out)]
     assert main(args) == 0
     assert {p.name for p in out.iterdir()} >= {"bench.json", "bench.md", "tokens_per_pass.png", "tokens_per_s.png"}
@@ -32,10 +32,21 @@ def test_bench_runs_every_configuration_and_writes_its_outputs(tmp_path):
                                                                   for b in (4, 8)], ("specexec", "auto")]}
     assert set(runs) == expected
     for key, run in runs.items():
-        assert run["completion_tokens"] == [6, 6], key  # ignore_eos: every prompt runs to max_tokens
+        greedy = key[1] == 0.0
+        # greedy runs each prompt once, sampling with --seeds 2 seeds (trajectories); ignore_eos: all run to max_tokens
+        assert run["prompt_index"] == ([0, 1] if greedy else [0, 1, 0, 1]), key
+        assert len(set(run["seeds"])) == len(run["seeds"]), key
+        assert run["completion_tokens"] == [6] * len(run["prompt_index"]), key
+        assert run["trajectories"] == len(run["prompt_index"]) and run["tokens_per_pass_se"] >= 0, key
         passes = run["target_passes"]
+        if greedy or key[2] == "specexec":  # sample-and-match: the trees' expectation is known
+            assert all(e is not None for steps in run["expected"] for e in steps), key
+        if greedy:  # an argmax walk is deterministic: expected equals realized, step by step
+            assert run["expected"] == [[float(a) for a in steps] for steps in run["accepted"]], key
+        if key[2] == "specinfer" and not greedy:
+            assert run["expected_tokens_per_pass"] is None, key
         if key[2] == "autoregressive":
-            assert passes == [6, 6]
+            assert passes == [6] * len(run["prompt_index"])
         else:  # one entry per target pass; each pass emits its accepted draft tokens + 1
             budget = 8 if key[3] == "auto" else key[3]
             assert [len(a) for a in run["accepted"]] == passes, key
