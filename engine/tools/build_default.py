@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
 
-from engine.tools import fim_corpus
+from engine.tools import fim_corpus, fim_eval
 from engine.tools import training as tr
 
 SAMPLE_PROMPT = "def fibonacci(n):\n"
@@ -54,6 +54,7 @@ DEFAULTS: dict[str, tuple[Any, Any]] = {
     "draft_minutes": (32.0, None),
     "eval_tokens": (131072, 512),
     "sample_tokens": (80, 8),
+    "fim_eval_examples": (fim_eval.NUM_EXAMPLES, 4),
 }
 
 
@@ -93,6 +94,7 @@ class Corpus:
     tokenizer: PreTrainedTokenizerFast
     train_ids: torch.Tensor  # int32 [n_train_tokens]
     heldout_ids: torch.Tensor  # int32 [n_heldout_tokens]
+    heldout_texts: list[str]
     train_files: int
     heldout_files: int
     train_bytes: int
@@ -117,7 +119,7 @@ def build_corpus(s: dict[str, Any]) -> Corpus:
     train_ids, heldout_ids = tr.encode_stream(tok, documents), tr.encode_stream(tok, heldout)
     n_bytes = sum(len(t.encode("utf-8")) for t in train)
     seconds = time.monotonic() - start
-    return Corpus(tok, train_ids, heldout_ids, len(train), len(heldout), n_bytes, n_fim, seconds)
+    return Corpus(tok, train_ids, heldout_ids, heldout, len(train), len(heldout), n_bytes, n_fim, seconds)
 
 
 def shapes(s: dict[str, Any]) -> tuple[tr.ModelShape, tr.ModelShape]:
@@ -235,6 +237,8 @@ def run(args: argparse.Namespace) -> int:
         "draft": sample(draft, corpus.tokenizer, s["sample_tokens"]),
         "fim": fim_sample(target, corpus.tokenizer, s["sample_tokens"]),
     }
+    fim_cases = fim_eval.examples(corpus.heldout_texts, s["fim_eval_examples"])
+    facts["fim_eval"] = fim_eval.score(target, corpus.tokenizer, fim_cases)
     facts["tokens_per_pass"] = tokens_per_pass(out)
     facts["seconds"] = time.monotonic() - start
     results = checks(facts, ev)
@@ -276,7 +280,7 @@ def model_card(
         f"(max_position_embeddings {s['max_positions']}; quality beyond {s['seq_len']} tokens is untested).",
         "",
         *_training_lines(s, facts),
-        *_eval_lines(ev, results, facts["tokens_per_pass"]),
+        *_eval_lines(ev, results, facts["tokens_per_pass"], facts["fim_eval"]),
         "## Greedy samples (prompt `def fibonacci(n):\\n`)",
         "",
         "Target:",
@@ -385,7 +389,7 @@ def tokens_per_pass(out: Path) -> dict[tuple[str, float], float]:
 
 
 def _eval_lines(
-    ev: tr.EvalResult, results: dict[str, bool], per_pass: dict[tuple[str, float], float]
+    ev: tr.EvalResult, results: dict[str, bool], per_pass: dict[tuple[str, float], float], fim: fim_eval.FimScore
 ) -> list[str]:
     return [
         f"## Held-out evaluation ({ev.positions:,} positions, fp16 checkpoints reloaded in fp32)",
@@ -400,6 +404,7 @@ def _eval_lines(
         f"  SpecExec {per_pass['specexec', 0.0]:.2f} (greedy), {per_pass['specexec', 0.6]:.2f} (temperature "
         f"0.6); SpecInfer {per_pass['specinfer', 0.0]:.2f} (greedy), {per_pass['specinfer', 0.6]:.2f} "
         "(temperature 0.6).",
+        *fim_eval.card_lines(fim),
         "",
         "Checks: " + "; ".join(f"{name}: {'PASS' if ok else 'FAIL'}" for name, ok in results.items()),
         "",

@@ -72,3 +72,13 @@ def test_splits_never_cut_a_word() -> None:
     points = split_points(piece)
     assert 0 in points and len(piece) in points and piece.index("return") in points
     assert piece.index("return") + 2 not in points and piece.index("a_1") + 1 not in points
+
+
+def test_fim_eval_examples_and_prompts_follow_the_training_split() -> None:
+    from engine.tools.fim_eval import examples, prompt_text
+
+    cases = examples([TEXT], 10, seed=4)
+    assert len(cases) == 10
+    assert all(TEXT.count(prefix + middle + suffix) for prefix, middle, suffix in cases)
+    assert prompt_text("spm", "pre", "suf") == f"{FIM_PREFIX}{FIM_SUFFIX}suf{FIM_MIDDLE}pre"
+    assert prompt_text("psm", "pre", "suf") == f"{FIM_PREFIX}pre{FIM_SUFFIX}suf{FIM_MIDDLE}"
