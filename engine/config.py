@@ -58,6 +58,9 @@ class SpeculationConfig:
     # them (deeper trees). 0.5 gave the default pair 24-26% more tokens per pass than 1.0
     # (docs/bench/greedy_tree_temperature.md).
     greedy_tree_temperature: float = 0.5
+    # sampled requests: nodes are ranked by draft log-probs at the request's temperature times this
+    # (1: the request's own temperature; any value keeps sampling exact, it only shapes the tree)
+    sampled_tree_temperature_scale: float = 1.0
 
     def __post_init__(self) -> None:
         require(
@@ -78,6 +81,12 @@ class SpeculationConfig:
             isinstance(self.greedy_tree_temperature, int | float) and 0.0 < self.greedy_tree_temperature <= 2.0,
             "speculation.greedy_tree_temperature",
             f"must be in (0, 2], got {self.greedy_tree_temperature!r}",
+        )
+        require(
+            isinstance(self.sampled_tree_temperature_scale, int | float)
+            and 0.0 < self.sampled_tree_temperature_scale <= 4.0,
+            "speculation.sampled_tree_temperature_scale",
+            f"must be in (0, 4], got {self.sampled_tree_temperature_scale!r}",
         )
 
 

@@ -51,6 +51,7 @@ BENCH_TOOLS = {  # `specexec bench NAME`: module, description
     "offload": ("engine.tools.bench_offload", "pass time resident vs streamed (ram, disk) and GB/s"),
     "quant": ("engine.tools.bench_quant", "bytes per pass and pass time: fp32 vs fp16 vs GPTQ 4-bit"),
     "structured": ("engine.tools.bench_structured", "tokens per pass and step overhead with and without a JSON schema"),
+    "scoring": ("engine.tools.bench_scoring", "SpecExec trees' expected tokens per pass by draft scoring temperature"),
     "serve": ("engine.tools.bench_serve", "concurrent streams through the HTTP server: tok/s, TTFT, tokens per pass"),
 }
 

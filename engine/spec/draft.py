@@ -87,12 +87,14 @@ class Drafter:
         self.cache.commit(slots[slots >= 0])
 
 
-def draft_log_probs(logits: torch.Tensor, params: SamplingParams, greedy_temperature: float = 1.0) -> torch.Tensor:
-    """The draft's scoring distribution, biased like the target: at the request's temperature when
-    sampling; at `greedy_temperature` for greedy requests, where a node is accepted only if it is the
-    target's argmax (verification is exact for any tree, so this only shapes the tree)."""
+def draft_log_probs(
+    logits: torch.Tensor, params: SamplingParams, greedy_temperature: float = 1.0, sampled_scale: float = 1.0
+) -> torch.Tensor:
+    """The draft's scoring distribution, biased like the target: at the request's temperature times
+    `sampled_scale` when sampling; at `greedy_temperature` for greedy requests, where a node is accepted
+    only if it is the target's argmax (verification is exact for any tree, so this only shapes the tree)."""
     logits = apply_logit_bias(logits, params.logit_bias)
-    temperature = greedy_temperature if params.greedy else params.temperature
+    temperature = greedy_temperature if params.greedy else params.temperature * sampled_scale
     if temperature != 1.0:
         logits = logits / temperature
     return logits.log_softmax(dim=-1)
@@ -135,9 +137,13 @@ def grow_tree(
     tree = root_tree(root_id, drafter.cache.length, root_logits.device)
 
     def expand(tree: Tree, selected: torch.Tensor) -> torch.Tensor:
-        return draft_log_probs(drafter.expand(tree, selected), params, spec.greedy_tree_temperature)
+        return draft_log_probs(
+            drafter.expand(tree, selected), params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale
+        )
 
-    root_log_probs = draft_log_probs(root_logits, params, spec.greedy_tree_temperature)
+    root_log_probs = draft_log_probs(
+        root_logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale
+    )
     return best_first_search(tree, root_log_probs, expand, spec, limits, drafter.room, mask)
 
 

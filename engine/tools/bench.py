@@ -73,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=SpeculationConfig.greedy_tree_temperature,
         help="SpecExec, greedy requests: temperature of the draft log-probs that rank tree nodes",
     )
+    parser.add_argument(
+        "--sampled-tree-temperature-scale",
+        type=float,
+        default=SpeculationConfig.sampled_tree_temperature_scale,
+        help="SpecExec, sampled requests: draft scoring temperature = the request's times this",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
 
@@ -111,6 +117,7 @@ def engine_config(args: argparse.Namespace, target: str, mode: str) -> EngineCon
         max_children=args.max_children,
         max_depth=args.max_depth,
         greedy_tree_temperature=args.greedy_tree_temperature,
+        sampled_tree_temperature_scale=args.sampled_tree_temperature_scale,
     )
     offload = OffloadConfig(
         enabled=mode != "resident",
