@@ -24,11 +24,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 # (prefix, suffix): holes whose greedy middle on the committed pair (checked by hand) ends with EOS and
-# makes the file parse. The tiny pair fills syntax more than sense (MODEL_CARD.md: its first middle token
-# is rarely right), so this checks the FIM path end to end, not completion quality.
+# makes the file parse. The tiny pair continues the cursor's line well but often runs on past where the
+# suffix begins (MODEL_CARD.md), so this checks the FIM path end to end, not completion quality.
 CASES = [
-    ("import os\n\n\ndef exists(path):\n    return os.path.", "(path)\n"),
-    ("def name(self):\n    return self.", "\n"),
+    ("def read(path):\n    with open(path) as f:\n        return f.", "\n"),
 ]
 
 
@@ -41,6 +40,13 @@ def default_pair_engine() -> Any:
     return Engine.load(config)
 
 
+def test_default_pair_asks_for_spm_prompts(default_pair_engine: Any) -> None:
+    from server.fim import FimFormat
+
+    fim = FimFormat.detect(default_pair_engine.tokenizer)
+    assert fim is not None and fim.name == "qwen" and fim.order == "spm"
+
+
 @pytest.mark.parametrize(("prefix", "suffix"), CASES)
 def test_default_pair_fills_a_middle_that_parses(fake_server: Callable, default_pair_engine: Any, prefix: str,
                                                  suffix: str) -> None:
@@ -50,6 +56,7 @@ def test_default_pair_fills_a_middle_that_parses(fake_server: Callable, default_
                                     temperature=0)
     middle = out.choices[0].text
     assert out.choices[0].finish_reason == "stop" and middle.strip(), middle  # ended by EOS, not the limit
+    assert middle.startswith("read("), middle  # SPM: the middle continues the prefix at the cursor
     ast.parse(prefix + middle + suffix)
     body = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 32, "temperature": 0}
     infill = httpx.post(f"{srv.url}/infill", json=body, timeout=120).json()
