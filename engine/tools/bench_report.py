@@ -118,6 +118,11 @@ def add_speedups(rows: list[dict]) -> None:
         row["speedup"] = row["tokens_per_s"] / ar if ar else float("nan")
 
 
+def speedup_text(speedup: float) -> str:
+    """'1.23x', or '-' when no autoregressive row ran (--methods without it)."""
+    return "-" if speedup != speedup else f"{speedup:.2f}x"
+
+
 def budget_label(row: dict) -> str:
     if row["budget"] == "auto":
         return f"auto (~{row['mean_tree_budget']:.0f})"
@@ -165,7 +170,7 @@ def goals(rows: list[dict]) -> str:
             items = [
                 f"SpecExec/SpecInfer tokens per pass {ratios or 'n/a'}",
                 f"best SpecExec {best['tokens_per_s']:.2f} tok/s at budget {best['budget']} "
-                f"({best['speedup']:.2f}x autoregressive)",
+                f"({speedup_text(best['speedup'])} autoregressive)",
             ]
             if "fraction_of_limit" in best:
                 items.append(f"{100 * best['fraction_of_limit']:.0f}% of the physical limit")
@@ -221,7 +226,7 @@ def markdown_table(rows: list[dict], modes: dict, padding: dict) -> str:
                 with_se(r["tokens_per_pass"], r.get("tokens_per_pass_se")),
                 "-" if r.get("expected_tokens_per_pass") is None else f"{r['expected_tokens_per_pass']:.2f}",
                 with_se(r["tokens_per_s"], r.get("tokens_per_s_se")),
-                f"{r['speedup']:.2f}x",
+                speedup_text(r["speedup"]),
                 f"{r['draft_s_per_step']:.3f}",
                 f"{r['target_s_per_step']:.3f}",
                 f"{100 * r['overhead_fraction']:.1f}%",
