@@ -83,7 +83,7 @@ def summarize(result: RunResult, link: dict) -> dict[str, float]:
     forwards = sum(result.draft_forward_seconds) + sum(result.target_forward_seconds)
     steps = [size - 1 for sizes in result.tree_sizes for size in sizes]
     tokens_per_pass, tokens_per_pass_se, expected, expected_se = per_trajectory_tokens_per_pass(result)
-    tokens_per_s, tokens_per_s_se = ratio_with_se(result.completion_tokens, result.decode_seconds)
+    _, tokens_per_s_se = ratio_with_se(result.completion_tokens, result.decode_seconds)
     out = {
         "tokens": tokens,
         "passes": passes,
@@ -95,7 +95,7 @@ def summarize(result: RunResult, link: dict) -> dict[str, float]:
         "expected_tokens_per_pass": expected,
         "expected_tokens_per_pass_se": expected_se,
         "emitted_per_pass": tokens / passes,
-        "tokens_per_s": tokens_per_s if tokens_per_s == tokens_per_s else tokens / decode,
+        "tokens_per_s": tokens / decode,
         "tokens_per_s_se": tokens_per_s_se,
         "draft_s_per_step": sum(result.draft_seconds) / passes,
         "target_s_per_step": sum(result.target_seconds) / passes,

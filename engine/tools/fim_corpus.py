@@ -82,16 +82,22 @@ def middle_span(piece: str, rng: random.Random) -> tuple[int, int]:
     return lo, hi
 
 
-def fim_pieces(text: str, rng: random.Random) -> list[str]:
-    """A document as FIM examples, one per piece (pieces too long for a window stay plain text)."""
-    examples = []
+def fim_splits(text: str, rng: random.Random) -> list[str | tuple[str, str, str]]:
+    """A document's pieces, each as (prefix, middle, suffix), or as plain text when too long for a
+    window."""
+    splits: list[str | tuple[str, str, str]] = []
     for piece in split_pieces(text, rng):
         if len(piece) > LONGEST_PIECE_CHARS:
-            examples.append(piece)
+            splits.append(piece)
             continue
         lo, hi = middle_span(piece, rng)
-        examples.append(fim_example(piece[:lo], piece[lo:hi], piece[hi:]))
-    return examples
+        splits.append((piece[:lo], piece[lo:hi], piece[hi:]))
+    return splits
+
+
+def fim_pieces(text: str, rng: random.Random) -> list[str]:
+    """A document as FIM examples, one per piece (pieces too long for a window stay plain text)."""
+    return [part if isinstance(part, str) else fim_example(*part) for part in fim_splits(text, rng)]
 
 
 def apply_fim(texts: list[str], rate: float, seed: int) -> list[str]:

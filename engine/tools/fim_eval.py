@@ -1,6 +1,6 @@
 """Fill-in-the-middle quality of a checkpoint on held-out files, as an editor would see it.
 
-Examples are fim_corpus.fim_pieces of held-out texts (seeded): a prefix, a middle and a suffix each.
+Examples are fim_corpus.fim_splits of held-out texts (seeded): a prefix, a middle and a suffix each.
 The target alone generates greedily from the FIM prompt in its tokenizer's order (`fim_order` in the
 tokenizer config: "spm", else "psm"), at most MAX_NEW_TOKENS, and the decoded text is compared with
 the middle: exactly right, first line right (what a one-line tab completion shows), and stopped with
@@ -53,16 +53,8 @@ def prompt_text(order: str, prefix: str, suffix: str) -> str:
 def examples(texts: list[str], count: int, seed: int = 0) -> list[tuple[str, str, str]]:
     """(prefix, middle, suffix) of the first `count` FIM pieces of `texts` (plain pieces skipped)."""
     rng = random.Random(seed)
-    out = []
-    for text in texts:
-        for piece in fim_corpus.split_pieces(text, rng):
-            if len(piece) > fim_corpus.LONGEST_PIECE_CHARS:
-                continue
-            lo, hi = fim_corpus.middle_span(piece, rng)
-            out.append((piece[:lo], piece[lo:hi], piece[hi:]))
-            if len(out) == count:
-                return out
-    return out
+    out = [part for text in texts for part in fim_corpus.fim_splits(text, rng) if isinstance(part, tuple)]
+    return out[:count]
 
 
 @torch.no_grad()
