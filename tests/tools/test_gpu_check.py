@@ -70,7 +70,7 @@ def test_it_imports_engine_code_only():
     """The GPU machine has torch and transformers, not the server's packages."""
     modules = ", ".join(
         f"engine.tools.gpu_check.{name}"
-        for name in ("__main__", "build", "links", "equality", "overlap", "steps", "bench_row", "header")
+        for name in ("__main__", "build", "links", "equality", "overlap", "steps", "serving", "bench_row", "header")
     )
     code = f"import sys, {modules}; print(sorted({{m.split('.')[0] for m in sys.modules}}))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

@@ -27,6 +27,7 @@ SECTIONS = {
     "equality": ("Streamed vs resident logits", "equality:equality_section"),
     "overlap": ("Overlap: streamed pass vs max(copy, compute), RAM source", "overlap:overlap_section"),
     "steps": ("Engine steps at a full context: memory, attention backend, host syncs", "steps:steps_section"),
+    "serving": ("Serving: several requests per pass, seeded sampling, prefix cache, grammar", "serving:serving_section"),
     "disk": ("Disk source read bandwidth", "links:disk_section"),
     "bench": ("End to end: one `specexec bench` row", "bench_row:bench_section"),
 }

@@ -36,6 +36,8 @@ class Plan:
     bench_budget: int = 256
     bench_prompts: int = 2
     bench_tokens: int = 32
+    serving_prompts: int = 8  # serving: code prompts, all in one target pass together
+    serving_tokens: int = 48
 
     @property
     def layer_shape(self) -> str:
@@ -72,4 +74,6 @@ TINY = Plan(  # CPU test mode: every section's logic in seconds
     bench_budget=8,
     bench_prompts=1,
     bench_tokens=6,
+    serving_prompts=2,
+    serving_tokens=8,
 )
