@@ -65,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", type=Path, default=Path(stdlib), help="folder of .py sources")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--device", default="cpu", help="train on this device (cpu, cuda); evaluation runs on CPU")
     parser.add_argument("--toy", action="store_true", help="tiny corpus slice, tiny models, a few steps")
     parser.add_argument("--heldout-mod", type=int, default=50, help="hold out 1 file in N (by path hash)")
     parser.add_argument("--target-lr", type=float, default=2e-3)
@@ -148,7 +149,7 @@ def stage_spec(s: dict[str, Any], role: str) -> tr.StageSpec:
 def save_checkpoint(model: torch.nn.Module, tok: PreTrainedTokenizerFast, path: Path, dtype: str) -> int:
     """save_pretrained a half-precision copy plus generation config and tokenizer; returns bytes on disk."""
     path.mkdir(parents=True, exist_ok=True)
-    half = copy.deepcopy(model).to(getattr(torch, dtype))
+    half = copy.deepcopy(model).to("cpu", getattr(torch, dtype))
     half.generation_config = GenerationConfig(
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
     )
@@ -182,8 +183,9 @@ def train_pair(s: dict[str, Any], corpus: Corpus, out: Path) -> dict[str, Any]:
     """Train and save the target, then distil and save the draft; returns the training facts."""
     t_shape, d_shape = shapes(s)
     torch.manual_seed(s["seed"])
-    target = tr.make_model(t_shape, corpus.tokenizer, s["max_positions"])
-    draft = tr.make_model(d_shape, corpus.tokenizer, s["max_positions"])
+    device = torch.device(s["device"])
+    target = tr.make_model(t_shape, corpus.tokenizer, s["max_positions"]).to(device)
+    draft = tr.make_model(d_shape, corpus.tokenizer, s["max_positions"]).to(device)
     t_params, d_params = tr.count_params(target), tr.count_params(draft)
     print(f"target params {t_params:,}  draft params {d_params:,}  ratio {t_params / d_params:.2f}")
     if d_params * 5 > t_params:
@@ -263,7 +265,7 @@ def model_card(
         "",
         f"    {shlex.join([Path(sys.executable).name, '-m', 'engine.tools.build_default', *sys.argv[1:]])}",
         "",
-        f"- Seed {s['seed']}, {s['threads']} torch thread(s), Python {platform.python_version()}, "
+        f"- Seed {s['seed']}, trained on {s['device']}, {s['threads']} torch thread(s), Python {platform.python_version()}, "
         f"torch {torch.__version__}, stdlib at `{s['corpus']}`",
         f"- Total build time {facts['seconds'] / 60:.1f} min",
         *_data_lines(s, corpus),

@@ -233,6 +233,7 @@ def train_stage(
     budget = spec.minutes * 60.0 if spec.minutes else None
     start, ema, step, by_time = time.monotonic(), float("nan"), 0, False
     bar = tqdm(total=spec.steps, desc=spec.name, dynamic_ncols=True, mininterval=5.0)
+    device = next(model.parameters()).device  # the teacher lives there too
     for step, batch in enumerate(batches(ids, spec.batch_size, spec.seq_len, seed)):
         elapsed = time.monotonic() - start
         progress = max(step / spec.steps, elapsed / budget if budget else 0.0)
@@ -241,7 +242,7 @@ def train_stage(
             break
         for group in opt.param_groups:
             group["lr"] = lr_at(step, progress, spec)
-        loss = _train_step(model, opt, batch, teacher, kd_weight)
+        loss = _train_step(model, opt, batch.to(device), teacher, kd_weight)
         ema = loss if math.isnan(ema) else 0.98 * ema + 0.02 * loss
         bar.update(1)
         bar.set_postfix(loss=f"{ema:.3f}", min=f"{elapsed / 60:.1f}", refresh=False)
