@@ -26,6 +26,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type]] = {
     "--decay": ("speculation", "decay", float),
     "--greedy-tree-temperature": ("speculation", "greedy_tree_temperature", float),
     "--sampled-tree-temperature-scale": ("speculation", "sampled_tree_temperature_scale", float),
+    "--specinfer-temperature": ("speculation", "specinfer_temperature", float),
     "--offload-source": ("offload", "source", str),
     "--resident-layers": ("offload", "resident_layers", int),
     "--gpu-memory": ("offload", "gpu_memory", float),

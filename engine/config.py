@@ -61,6 +61,18 @@ class SpeculationConfig:
     # sampled requests: nodes are ranked by draft log-probs at the request's temperature times this
     # (1: the request's own temperature; any value keeps sampling exact, it only shapes the tree)
     sampled_tree_temperature_scale: float = 1.0
+    # method specexec: unseeded sampled requests at this temperature or above grow SpecInfer trees
+    # (sampled chains, rejection sampling) instead; both are exact. 0.85 sits between 0.8, where
+    # SpecExec trees still win or tie on both measured pairs, and 0.9, where SpecInfer's win by 0.7-1.3
+    # tokens per pass (docs/bench/acceptance.md). Seeded requests keep SpecExec trees, whose text is a
+    # function of (seed, position) alone. Above 2, the API's largest temperature: SpecExec trees always.
+    specinfer_temperature: float = 0.85
+
+    def tree_method(self, greedy: bool, temperature: float, seeded: bool) -> Method:
+        """The trees a request's steps grow: `method`, except specexec's switch for hot unseeded requests."""
+        if self.method == "specexec" and not greedy and not seeded and temperature >= self.specinfer_temperature:
+            return "specinfer"
+        return self.method
 
     def __post_init__(self) -> None:
         require(
@@ -87,6 +99,11 @@ class SpeculationConfig:
             and 0.0 < self.sampled_tree_temperature_scale <= 4.0,
             "speculation.sampled_tree_temperature_scale",
             f"must be in (0, 4], got {self.sampled_tree_temperature_scale!r}",
+        )
+        require(
+            isinstance(self.specinfer_temperature, int | float) and self.specinfer_temperature > 0.0,
+            "speculation.specinfer_temperature",
+            f"must be > 0, got {self.specinfer_temperature!r}",
         )
 
 

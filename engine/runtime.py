@@ -259,10 +259,12 @@ class Engine:
         vocab = self.pair.target.vocab_size
         stop_mask = torch.zeros(max(vocab, draft_runner.vocab_size), dtype=torch.bool, device=self.device)
         stop_mask[[i for i in self.stop_ids(params) if i < stop_mask.shape[0]]] = True
+        spec = self.config.speculation
+        method = spec.tree_method(params.greedy, params.temperature, params.seed is not None)
         return StepContext(
             target_cache=acquired.slot.target,
             drafter=Drafter(draft_runner, draft_cache, vocab),
-            spec=self.config.speculation,
+            spec=spec if method == spec.method else dataclasses.replace(spec, method=method),
             budget=self.budget,
             stop_mask=stop_mask,
             max_context=self.max_context,

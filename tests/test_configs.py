@@ -146,6 +146,7 @@ BAD_FIELDS = [
     ("[speculation]\ndecay = 1.5", "speculation.decay"),
     ("[speculation]\ngreedy_tree_temperature = 0", "speculation.greedy_tree_temperature"),
     ("[speculation]\nsampled_tree_temperature_scale = 5", "speculation.sampled_tree_temperature_scale"),
+    ("[speculation]\nspecinfer_temperature = 0", "speculation.specinfer_temperature"),
     ('[offload]\nsource = "nvme"', "offload.source"),
     ("[offload]\nring_size = 1", "offload.ring_size"),
     ('[model]\ndtype = "fp8"', "model.dtype"),

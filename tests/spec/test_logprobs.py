@@ -20,6 +20,7 @@ from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationCo
 from engine.runtime import Engine
 from engine.types import FinishReason, Request, SamplingParams, TokenDelta, TokenLogprob
 from tests.helpers.reference import penalise
+from tests.helpers.speculation import NAMED_TREES
 from tests.helpers.tiny_models import make_tiny_pair
 
 TOLERANCE = 1e-4
@@ -43,7 +44,7 @@ def target_model(pair):
 def load(pair, method: str, budget: int = 16) -> Engine:
     return Engine.load(EngineConfig(
         model=ModelConfig(target=pair[0], draft=pair[1]),
-        speculation=SpeculationConfig(method=method, budget=budget),
+        speculation=SpeculationConfig(method=method, budget=budget, specinfer_temperature=NAMED_TREES),
         limits=LimitsConfig(max_context=256),
     ))
 

@@ -25,6 +25,7 @@ from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationCo
 from engine.runtime import Engine
 from engine.types import SamplingParams
 from tests.helpers.reference import penalise
+from tests.helpers.speculation import NAMED_TREES
 from tests.helpers.tiny_models import build_model, build_tokenizer, make_tiny_pair, save_checkpoint
 from tests.spec.test_sampling_exactness import chi_square_p, marginal
 
@@ -82,7 +83,7 @@ def engines(pair):
         limits=LimitsConfig(max_context=256),
     ))
     return {
-        (method, budget): base.with_speculation(SpeculationConfig(method=method, budget=budget))
+        (method, budget): base.with_speculation(SpeculationConfig(method=method, budget=budget, specinfer_temperature=NAMED_TREES))
         for method in ("specexec", "specinfer") for budget in BUDGETS
     }
 
@@ -149,7 +150,7 @@ def test_sampled_with_penalties_follows_the_reference(small_vocab_pair, method, 
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     engine = Engine.load(EngineConfig(
         model=ModelConfig(target=target_dir, draft=draft_dir),
-        speculation=SpeculationConfig(method=method, budget=budget),
+        speculation=SpeculationConfig(method=method, budget=budget, specinfer_temperature=NAMED_TREES),
         limits=LimitsConfig(max_context=32),
     ))
     prompt = [3, 4, 5, 3]
@@ -180,7 +181,7 @@ def test_a_draft_with_a_larger_vocabulary_drafts_only_target_tokens(padded_draft
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     engine = Engine.load(EngineConfig(
         model=ModelConfig(target=target_dir, draft=draft_dir),
-        speculation=SpeculationConfig(method=method, budget=16),
+        speculation=SpeculationConfig(method=method, budget=16, specinfer_temperature=NAMED_TREES),
         limits=LimitsConfig(max_context=128),
     ))
     prompt = [5, 6, 7, 8]

@@ -20,6 +20,7 @@ from engine.cli import DEFAULT_MODELS
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.runtime import Engine
 from engine.types import Request, SamplingParams
+from tests.helpers.speculation import NAMED_TREES
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,7 @@ def engine() -> Engine:
         pytest.skip("models/default is missing")
     return Engine.load(EngineConfig(
         model=ModelConfig(target=str(DEFAULT_MODELS / "target"), draft=str(DEFAULT_MODELS / "draft")),
-        speculation=SpeculationConfig(budget=BUDGET),
+        speculation=SpeculationConfig(budget=BUDGET, specinfer_temperature=NAMED_TREES),
         limits=LimitsConfig(max_context=512, max_running=1),
     ))
 

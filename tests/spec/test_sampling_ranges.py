@@ -12,6 +12,7 @@ from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationCo
 from engine.runtime import Engine
 from engine.spec.sampling import process_logits
 from engine.types import GREEDY_TEMPERATURE, SamplingParams, SamplingParamsError
+from tests.helpers.speculation import NAMED_TREES
 from tests.helpers.tiny_models import make_tiny_pair
 
 TINY_TEMPERATURES = [1e-45, 1e-39, 1e-38, 1e-20, GREEDY_TEMPERATURE / 2]
@@ -39,7 +40,7 @@ def engine(tmp_path_factory) -> Engine:
 
 @pytest.mark.parametrize("method", ["specexec", "specinfer"])
 def test_the_engine_decodes_a_tiny_temperature_greedily(engine, method):
-    engine = engine.with_speculation(SpeculationConfig(method=method, budget=16))
+    engine = engine.with_speculation(SpeculationConfig(method=method, budget=16, specinfer_temperature=NAMED_TREES))
     prompt = [5, 6, 7, 8]
     greedy = engine.generate_ids(prompt, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
     for temperature in TINY_TEMPERATURES:
