@@ -1,8 +1,8 @@
 """Serving paths on the device: the built-in pair resident in float32 (so equality tests the engine's
 logic, not rounding), autoregressive alone as the reference.
 
-Exactness rows (a difference fails the run): greedy SpecExec alone and with every prompt in one
-target pass; seeded sampling (top_p, penalties) alone, in a batch and autoregressive, which the
+Exactness rows (a difference fails the run): greedy SpecExec alone, with every prompt in one
+target pass, and beside unseeded T=1 requests (which grow SpecInfer trees); seeded sampling (top_p, penalties) alone, in a batch and autoregressive, which the
 position-keyed noise makes identical; a prompt served again from the prefix cache; a JSON-schema
 grammar (skipped without xgrammar). Then the cost of the per-step acceptance curve
 (`StepContext.track_acceptance`): step times at the largest budget with it on and off, in the run's
@@ -97,6 +97,16 @@ def serving_section(ctx: CheckContext) -> None:
         ctx, f"greedy, {n} requests per target pass = autoregressive",
         [together[f"g{i}"] for i in range(n)], reference,
         f"mean requests per pass {statistics.fmean(sizes):.2f}, max {max(sizes)}",
+    )  # fmt: skip
+    hot = SamplingParams(temperature=1.0, max_tokens=plan.serving_tokens, ignore_eos=True)  # unseeded: SpecInfer trees
+    mixed, deltas = run_together(
+        engine, [Request(f"m{i}", p, greedy if i % 2 == 0 else hot) for i, p in enumerate(prompts)]
+    )
+    hot_trees = [d.stats.expected_accepted is None for d in deltas if d.request_id == "m1" and d.stats is not None and d.stats.tree_size > 1]
+    compare(
+        ctx, "greedy beside unseeded T=1 requests (SpecInfer trees) = autoregressive",
+        [mixed[f"m{i}"] for i in range(0, n, 2)], reference[::2],
+        f"{sum(hot_trees)}/{len(hot_trees)} of a hot request's steps grew SpecInfer trees",
     )  # fmt: skip
     seeded_auto = [auto.generate_ids(p, s) for p, s in zip(prompts, sampled, strict=True)]
     seeded_alone = [engine.generate_ids(p, s) for p, s in zip(prompts, sampled, strict=True)]
