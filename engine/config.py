@@ -74,6 +74,15 @@ class SpeculationConfig:
             return "specinfer"
         return self.method
 
+    def describe(self) -> str:
+        """One line for the server's startup log."""
+        if self.method == "autoregressive":
+            return "autoregressive (no draft)"
+        switch = ""
+        if self.method == "specexec" and self.specinfer_temperature <= 2.0:
+            switch = f"; SpecInfer trees for unseeded requests at temperature >= {self.specinfer_temperature:g}"
+        return f"{self.method}, budget {self.budget}{switch}"
+
     def __post_init__(self) -> None:
         require(
             self.method in ("specexec", "specinfer", "autoregressive"),

@@ -117,6 +117,7 @@ class ServerState:
         self.async_engine = async_engine
         log.info("serving model %r (max context %d, %d requests per target pass, queue bound %d)",
                  self.model_name, engine.max_context, engine.max_running, max_queue)
+        log.info("speculation: %s", self.engine_config.speculation.describe())
 
     def shutdown(self) -> None:
         if self.async_engine is not None:

@@ -56,6 +56,14 @@ def test_tree_method(method, greedy, temperature, seeded, switch, want) -> None:
     assert spec.tree_method(greedy, temperature, seeded) == want
 
 
+def test_the_startup_log_names_the_rule() -> None:
+    assert SpeculationConfig().describe() == (
+        "specexec, budget 64; SpecInfer trees for unseeded requests at temperature >= 0.85"
+    )
+    assert SpeculationConfig(specinfer_temperature=NAMED_TREES).describe() == "specexec, budget 64"
+    assert SpeculationConfig(method="specinfer", budget="auto").describe() == "specinfer, budget auto"
+
+
 def test_the_switch_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="speculation.specinfer_temperature"):
         SpeculationConfig(specinfer_temperature=0.0)
