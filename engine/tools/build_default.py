@@ -266,7 +266,7 @@ def model_card(
         f"    {shlex.join([Path(sys.executable).name, '-m', 'engine.tools.build_default', *sys.argv[1:]])}",
         "",
         f"- Seed {s['seed']}, trained on {s['device']}, {s['threads']} torch thread(s), Python {platform.python_version()}, "
-        f"torch {torch.__version__}, stdlib at `{s['corpus']}`",
+        f"torch {torch.__version__}, corpus `{s['corpus']}`",
         f"- Total build time {facts['seconds'] / 60:.1f} min",
         *_data_lines(s, corpus),
         "",
