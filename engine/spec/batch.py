@@ -1,4 +1,5 @@
-"""One engine step over several sequences: grow each tree, score every tree in ONE target pass, verify each.
+"""One engine step over several sequences: grow every tree (in lockstep: one draft pass per round for
+all of them), score every tree in ONE target pass, verify each.
 
 The pass is `DecoderRunner.forward_groups`: joining sequences' prompt chunks come first (one group per
 chunk, causal), then one group holding every tree (each over its own cache, slots and positions,
@@ -15,14 +16,15 @@ import torch
 
 from engine.model.runner import DecoderRunner, Segment, prefill_groups
 from engine.offload.device import PhaseClock
+from engine.spec.draft import run_growths
 from engine.spec.step import (
     PREFILL_CHUNK,
     SequenceState,
     StepContext,
     commit_step,
-    draft_tree,
     prefill,
     step_depth,
+    tree_growth,
 )
 from engine.spec.tree import Tree, prefix_tree_mask
 from engine.types import StepStats
@@ -73,12 +75,13 @@ def run_batch(target: DecoderRunner, items: list[BatchItem]) -> list[tuple[list[
     device = items[0].ctx.target_cache.device
     begin = time.perf_counter()
     clock = PhaseClock(device)  # draft | target, read after the step's host syncs below
-    trees = []
+    growths = []
     for item in items:
         ctx, seq = item.ctx, item.seq
         if item.draft_prefill_ids:
             prefill(ctx.drafter.runner, ctx.drafter.cache, item.draft_prefill_ids)
-        trees.append(draft_tree(ctx, seq, step_depth(ctx, seq)))
+        growths.append((ctx.drafter.runner, tree_growth(ctx, seq, step_depth(ctx, seq))))
+    trees = run_growths(growths)  # the trees grow in lockstep: one draft pass per round for all
     clock.mark()
     pass_tokens = sum(len(item.prefill_ids) for item in items) + sum(tree.num_nodes for tree in trees)
     logits = score_trees(target, items, trees)

@@ -3,25 +3,34 @@
 The draft KV cache holds the committed prefix plus one slot per node the draft expanded.
 Unexpanded nodes (and committed tokens the draft never saw) are caught up by the next step's
 first draft forward.
+
+A growth is a generator (`Growth`): it yields each draft forward it needs as a Segment over its own
+cache, is sent that forward's [rows, vocab] logits, and returns the tree. It runs no model itself,
+so the growths of every request in a step advance in lockstep and share one draft pass per round
+(`run_growths`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import torch
 
 from engine.config import SpeculationConfig
 from engine.model.kv_cache import KVCache
-from engine.model.runner import DecoderRunner
+from engine.model.runner import DecoderRunner, Segment
 from engine.spec.sampling import apply_logit_bias, process_logits
 from engine.spec.tree import Tree, append_nodes, causal_mask
 from engine.types import SamplingParams
 
 # mask(tree, nodes [k]) -> [k, vocab] bool: the tokens a grammar allows after each node (structured output)
 MaskFn = Callable[[Tree, torch.Tensor], torch.Tensor]
+# a tree's growth: yields each draft forward (one Segment), is sent its [rows, vocab] logits, returns the tree
+Growth = Generator[Segment, torch.Tensor, Tree]
+# expand(tree, selected [k]) -> (yielding its forward) [k, vocab] draft log-probs
+ExpandFn = Callable[[Tree, torch.Tensor], Generator[Segment, torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -42,23 +51,22 @@ class Drafter:
         self.outside_target = torch.arange(runner.vocab_size, device=cache.device) >= self.vocab_limit
         self.next_slot = 0
 
-    def catch_up(self, pending_ids: list[int], root_id: int) -> torch.Tensor:
-        """Feed committed tokens the draft has not seen, then the root. Commits the pending ones.
-
-        Returns the root's draft logits [1, vocab]; the root's KV lands at slot cache.length."""
+    def catch_up(self, pending_ids: list[int], root_id: int) -> Generator[Segment, torch.Tensor, torch.Tensor]:
+        """Feed committed tokens the draft has not seen, then the root (one forward). Commits the
+        pending ones. Returns the root's draft logits [1, vocab]; the root's KV lands at slot cache.length."""
         device = self.cache.device
         ids = torch.tensor([*pending_ids, root_id], device=device)
         start = self.cache.length
         positions = torch.arange(start, start + ids.shape[0], device=device)
         mask = causal_mask(ids.shape[0], start, device)
         last = torch.tensor([ids.shape[0] - 1], device=device)
-        logits = self.runner.forward(ids, positions, self.cache, start, mask, logit_rows=last)
+        logits = yield Segment(ids, positions, self.cache, start, mask, last)
         self.cache.length = start + len(pending_ids)
         self.next_slot = self.cache.length + 1
         return self.mask_vocab(logits)
 
-    def expand(self, tree: Tree, selected: torch.Tensor) -> torch.Tensor:
-        """One batched forward of `selected` nodes ([k]) under the tree mask. Returns [k, vocab]."""
+    def expand(self, tree: Tree, selected: torch.Tensor) -> Generator[Segment, torch.Tensor, torch.Tensor]:
+        """One forward of `selected` nodes ([k]) under the tree mask. Returns [k, vocab]."""
         num = selected.shape[0]
         start = self.next_slot
         tree.draft_slots[selected] = torch.arange(start, start + num, device=selected.device)
@@ -67,7 +75,7 @@ class Drafter:
         has_slot = tree.draft_slots >= 0
         allowed[:, tree.draft_slots[has_slot]] = tree.ancestors[selected][:, has_slot]
         positions = self.cache.length + tree.depths[selected]
-        logits = self.runner.forward(tree.token_ids[selected], positions, self.cache, start, allowed)
+        logits = yield Segment(tree.token_ids[selected], positions, self.cache, start, allowed)
         self.next_slot = start + num
         return self.mask_vocab(logits)
 
@@ -129,35 +137,35 @@ def grow_tree(
     spec: SpeculationConfig,
     limits: GrowLimits,
     mask: MaskFn | None = None,
-) -> Tree:
+) -> Growth:
     """SpecExec: best-first expansion of the K best unexpanded leaves per draft forward, each
     proposing its top-w children; keep the `budget` best nodes by cumulative draft log-prob. With
     `mask`, children it forbids are never proposed."""
-    root_logits = drafter.catch_up(pending_ids, root_id)
+    root_logits = yield from drafter.catch_up(pending_ids, root_id)
     tree = root_tree(root_id, drafter.cache.length, root_logits.device)
 
-    def expand(tree: Tree, selected: torch.Tensor) -> torch.Tensor:
-        return draft_log_probs(
-            drafter.expand(tree, selected), params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale
-        )
+    def expand(tree: Tree, selected: torch.Tensor) -> Generator[Segment, torch.Tensor, torch.Tensor]:
+        logits = yield from drafter.expand(tree, selected)
+        return draft_log_probs(logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale)
 
     root_log_probs = draft_log_probs(
         root_logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale
     )
-    return best_first_search(tree, root_log_probs, expand, spec, limits, drafter.room, mask)
+    return (yield from best_first_search(tree, root_log_probs, expand, spec, limits, drafter.room, mask))
 
 
 def best_first_search(
     tree: Tree,
     root_log_probs: torch.Tensor,
-    expand: Callable[[Tree, torch.Tensor], torch.Tensor],
+    expand: ExpandFn,
     spec: SpeculationConfig,
     limits: GrowLimits,
     room: Callable[[], int],
     mask: MaskFn | None = None,
-) -> Tree:
-    """The search loop over a root-only tree. expand(tree, selected [k]) -> [k, vocab] draft log-probs;
-    mask: every expanded node's log-probs (the root's included) are conditioned on what it allows."""
+) -> Growth:
+    """The search loop over a root-only tree. expand(tree, selected [k]) yields its forward and
+    returns [k, vocab] draft log-probs; mask: every expanded node's log-probs (the root's included)
+    are conditioned on what it allows."""
     expanded = torch.ones(1, dtype=torch.bool, device=root_log_probs.device)
     selected = torch.zeros(1, dtype=torch.long, device=root_log_probs.device)
     log_probs = root_log_probs
@@ -171,7 +179,7 @@ def best_first_search(
         if selected.numel() == 0:
             break
         expanded[selected] = True
-        log_probs = expand(tree, selected)
+        log_probs = yield from expand(tree, selected)
     return tree
 
 
@@ -233,7 +241,7 @@ def grow_sampled_tree(
     limits: GrowLimits,
     generator: torch.Generator,
     mask: MaskFn | None = None,
-) -> Tree:
+) -> Growth:
     """SpecInfer baseline: `num_chains` children of the root drawn i.i.d. from the draft's processed
     distribution (top ones when greedy), each continued as a sampled chain; about sqrt(budget)
     chains of about sqrt(budget) tokens, capped at max_depth. With `mask`, the draft distribution at
@@ -244,7 +252,7 @@ def grow_sampled_tree(
         temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
         logit_bias=params.logit_bias,
     )
-    root_logits = drafter.catch_up(pending_ids, root_id)
+    root_logits = yield from drafter.catch_up(pending_ids, root_id)
     tree = root_tree(root_id, drafter.cache.length, root_logits.device)
     frontier = torch.zeros(1, dtype=torch.long, device=root_logits.device)
     if mask is not None:
@@ -269,7 +277,7 @@ def grow_sampled_tree(
         frontier = frontier[~limits.stop_mask[tree.token_ids[frontier]]]
         if level == depth - 1 or frontier.numel() == 0 or drafter.room() < frontier.numel():
             break
-        logits = drafter.expand(tree, frontier)
+        logits = yield from drafter.expand(tree, frontier)
         if mask is not None:
             logits = restrict(logits, mask(tree, frontier))
         probs = process_logits(logits, draft_params).softmax(dim=-1)
@@ -291,3 +299,34 @@ def append_children(tree: Tree, parents: torch.Tensor, token_ids: torch.Tensor, 
         draft_slots=torch.cat([tree.draft_slots, tree.draft_slots.new_full((num_new,), -1)]),
         draft_probs=draft_probs,
     )
+
+
+def run_growths(growths: list[tuple[DecoderRunner | None, Growth]]) -> list[Tree]:
+    """Advance every (runner, growth) in lockstep; returns their trees. Each round, the forwards the
+    growths ask for run as one draft pass per runner, one segment each over its own cache (dense work
+    shared, attention per segment). A growth that asks for none (runner may then be None) just returns."""
+    trees: list[Tree | None] = [None] * len(growths)
+    asks: dict[int, Segment] = {}
+
+    def advance(index: int, logits: torch.Tensor | None) -> None:
+        try:
+            asks[index] = growths[index][1].send(logits)  # type: ignore[arg-type]  # None starts it
+        except StopIteration as done:
+            trees[index] = done.value
+
+    for index in range(len(growths)):
+        advance(index, None)
+    while asks:
+        pending = sorted(asks)
+        for runner in {id(growths[i][0]): growths[i][0] for i in pending}.values():
+            assert runner is not None, "a growth asked for a draft forward without a runner"
+            mine = [i for i in pending if growths[i][0] is runner]
+            outputs = runner.forward_groups([[asks.pop(i) for i in mine]])[0]
+            for index, logits in zip(mine, outputs, strict=True):
+                advance(index, logits)
+    assert all(tree is not None for tree in trees)
+    return trees  # type: ignore[return-value]
+
+
+def run_growth(runner: DecoderRunner | None, growth: Growth) -> Tree:
+    return run_growths([(runner, growth)])[0]

@@ -11,7 +11,7 @@ from engine.config import SpeculationConfig
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner
 from engine.spec.budget import acceptance_curve, node_indicator
-from engine.spec.draft import Drafter, GrowLimits, grow_sampled_tree, grow_tree
+from engine.spec.draft import Drafter, GrowLimits, Growth, grow_sampled_tree, grow_tree
 from engine.spec.logprobs import emitted_logprobs, unpack_logprobs
 from engine.spec.sampling import NodeLogits, position_noise
 from engine.spec.tree import Tree
@@ -67,9 +67,9 @@ class StepContext:
     track_acceptance: bool = False  # record the step's acceptance curve in the SequenceState (budget auto, shared budgets)
 
 
-def draft_tree(ctx: StepContext, seq: SequenceState, max_depth: int) -> Tree:
-    """The step's tree; with a grammar, children it forbids are never proposed, and tree.allowed holds
-    every node's mask for verification."""
+def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
+    """The step's tree, as a growth (draft.Growth: it yields its draft forwards); with a grammar,
+    children it forbids are never proposed, and tree.allowed holds every node's mask for verification."""
     grammar = seq.grammar
     mask = None if grammar is None else grammar.masks_for
     if ctx.spec.method == "autoregressive" or max_depth < 1:
@@ -78,9 +78,10 @@ def draft_tree(ctx: StepContext, seq: SequenceState, max_depth: int) -> Tree:
         pending = seq.token_ids[ctx.drafter.cache.length : len(seq.token_ids) - 1]
         limits = GrowLimits(budget=ctx.budget, max_depth=max_depth, stop_mask=ctx.stop_mask)
         if ctx.spec.method == "specinfer":
-            tree = grow_sampled_tree(ctx.drafter, seq.root_id, pending, seq.params, limits, seq.generator, mask)
+            growth = grow_sampled_tree(ctx.drafter, seq.root_id, pending, seq.params, limits, seq.generator, mask)
         else:
-            tree = grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits, mask)
+            growth = grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits, mask)
+        tree = yield from growth
     if grammar is not None:
         tree.allowed = grammar.bitmask(tree)
     return tree
@@ -112,7 +113,7 @@ def verify_step(
     far, the root among them unless it is the prompt's last token (nodes below the root are added
     per path); track_acceptance: sampled verdicts carry node_log_probs (budget auto's curve). Rows are
     processed in blocks of rows_per_block (None: LOGITS_BLOCK_BYTES per block). allowed: [n, words]
-    packed grammar masks, applied before everything else (None: tree.allowed, set by draft_tree).
+    packed grammar masks, applied before everything else (None: tree.allowed, set by tree_growth).
     noise: [max depth + 1, vocab] per-depth sampling noise for sample-and-match (position_noise)."""
     allowed = tree.allowed if allowed is None else allowed
     nodes = NodeLogits(tree, logits, params, output_counts, prompt_mask, allowed)

@@ -3,12 +3,21 @@ search loop (SpecExec) and the sampled-chains builder (SpecInfer)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import torch
 
 from engine.config import SpeculationConfig
-from engine.spec.draft import GrowLimits, best_first_search, draft_log_probs, grow_sampled_tree, root_tree
+from engine.model.runner import Segment
+from engine.spec.draft import (
+    GrowLimits,
+    best_first_search,
+    draft_log_probs,
+    grow_sampled_tree,
+    root_tree,
+    run_growth,
+)
 from engine.spec.tree import Tree
 from engine.types import SamplingParams
 
@@ -24,12 +33,13 @@ def bigram_tree(
     """table: [vocab, vocab] draft logits given the previous token."""
     limits = GrowLimits(budget=budget, max_depth=spec.max_depth, stop_mask=stop_mask)
 
-    def expand(tree: Tree, selected: torch.Tensor) -> torch.Tensor:
+    def expand(tree: Tree, selected: torch.Tensor) -> Iterator[Segment]:
         return draft_log_probs(table[tree.token_ids[selected]], params, spec.greedy_tree_temperature)
+        yield  # a growth step that needs no draft forward
 
     tree = root_tree(root, 0, torch.device("cpu"))
     root_log_probs = draft_log_probs(table[[root]], params, spec.greedy_tree_temperature)
-    return best_first_search(tree, root_log_probs, expand, spec, limits, lambda: 10**6)
+    return run_growth(None, best_first_search(tree, root_log_probs, expand, spec, limits, lambda: 10**6))
 
 
 class BigramDrafter:
@@ -40,11 +50,13 @@ class BigramDrafter:
         self.table = table
         self.cache = SimpleNamespace(length=0)
 
-    def catch_up(self, pending_ids: list[int], root_id: int) -> torch.Tensor:
+    def catch_up(self, pending_ids: list[int], root_id: int) -> Iterator[Segment]:
         return self.table[[root_id]].clone()
+        yield  # like Drafter's, a generator; it needs no draft forward
 
-    def expand(self, tree: Tree, selected: torch.Tensor) -> torch.Tensor:
+    def expand(self, tree: Tree, selected: torch.Tensor) -> Iterator[Segment]:
         return self.table[tree.token_ids[selected]].clone()
+        yield
 
     def room(self) -> int:
         return 10**6
@@ -61,4 +73,4 @@ def bigram_sampled_tree(
 ) -> Tree:
     """The SpecInfer tree the engine builds (grow_sampled_tree) over the bigram draft."""
     limits = GrowLimits(budget=budget, max_depth=max_depth, stop_mask=stop_mask)
-    return grow_sampled_tree(BigramDrafter(table), root, [], params, limits, generator)
+    return run_growth(None, grow_sampled_tree(BigramDrafter(table), root, [], params, limits, generator))
