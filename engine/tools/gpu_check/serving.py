@@ -4,7 +4,8 @@ logic, not rounding), autoregressive alone as the reference.
 Exactness rows (a difference fails the run): greedy SpecExec alone, with every prompt in one
 target pass, and beside unseeded T=1 requests (which grow SpecInfer trees); seeded sampling (top_p,
 penalties) alone, in a batch and autoregressive, which the position-keyed noise makes identical; a
-prompt served again from the prefix cache; a JSON-schema grammar (skipped without xgrammar). Then the cost of the per-step acceptance curve
+prompt served again from the prefix cache; a JSON-schema grammar (skipped without xgrammar). Then the draft phase of a step with 1 and 4 requests (their
+trees grow in lockstep, sharing draft passes), and the cost of the per-step acceptance curve
 (`StepContext.track_acceptance`): step times at the largest budget with it on and off, in the run's
 dtype."""
 
@@ -123,6 +124,7 @@ def serving_section(ctx: CheckContext) -> None:
     if cached == 0:
         ctx.report.mismatch("prefix cache: the repeated prompt reused no KV")
     grammar_rows(ctx, engine, auto, prompts[0])
+    draft_sharing_rows(ctx, prompts)
     track_acceptance_rows(ctx)
 
 
@@ -143,6 +145,22 @@ def grammar_rows(ctx: CheckContext, engine: Engine, auto: Engine, prompt: list[i
     except ValueError:
         valid = f"does not parse ({len(got)} tokens, max_tokens 96)"
     compare(ctx, "JSON schema, greedy: SpecExec = autoregressive", [got], [want], valid)
+
+
+def draft_sharing_rows(ctx: CheckContext, prompts: list[list[int]]) -> None:
+    """Median draft and target seconds per step (after the admission step) with 1 and 4 greedy requests
+    at the shared budget, in the run's dtype."""
+    plan = ctx.plan
+    engine = load(ctx, str(ctx.dtype).removeprefix("torch."), plan.bench_budget, max_running=4)
+    params = SamplingParams(temperature=0.0, max_tokens=plan.serving_tokens, ignore_eos=True)
+    ctx.report.table("requests per pass", "budget (shared)", "draft ms per step", "target ms per step", "steps")
+    for k in (1, 4):
+        _, deltas = run_together(engine, [Request(f"d{k}-{i}", prompts[i % len(prompts)], params) for i in range(k)])
+        # the first request's steps with all k running (a step's phases are shared); the first also prefills
+        timings = [d.stats for d in deltas if d.request_id == f"d{k}-0" and d.stats and d.stats.batch_size == k][1:]
+        draft = statistics.median(s.draft_seconds for s in timings) if timings else float("nan")
+        target = statistics.median(s.target_seconds for s in timings) if timings else float("nan")
+        ctx.report.row(k, plan.bench_budget, f"{1e3 * draft:.1f}", f"{1e3 * target:.1f}", len(timings))
 
 
 def track_acceptance_rows(ctx: CheckContext) -> None:
