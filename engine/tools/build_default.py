@@ -259,7 +259,8 @@ def model_card(
         "# Default SpecExec model pair (built by `specexec build-default`)",
         "",
         "A small Llama target and a distilled Llama draft for Python code completion, trained from",
-        "scratch on this machine's Python standard library sources. No downloaded weights or data.",
+        f"scratch on this machine's {'Python standard library sources' if is_stdlib(s) else 'sources in the corpus below'}."
+        " No downloaded weights or data.",
         "",
         "## Command",
         "",
@@ -316,12 +317,17 @@ def _fim_lines(middle: str) -> list[str]:
     ]
 
 
+def is_stdlib(s: dict[str, Any]) -> bool:
+    return Path(s["corpus"]) == Path(sysconfig.get_paths()["stdlib"])
+
+
 def _data_lines(s: dict[str, Any], corpus: Corpus) -> list[str]:
+    folder = "the stdlib folder" if is_stdlib(s) else f"`{s['corpus']}`"
     return [
         "",
         "## Data and tokenizer",
         "",
-        "- Corpus: `.py` files under the stdlib folder (site-packages excluded, non-UTF-8 files skipped"
+        f"- Corpus: `.py` files under {folder} (site-packages excluded, non-UTF-8 files skipped"
         + ("" if s["max_files"] is None else f", first {s['max_files']} files only")
         + ").",
         f"- Held out: files whose sha1(relative path) % {s['heldout_mod']} == 0: {corpus.heldout_files} files, "
