@@ -12,6 +12,7 @@ from engine.config import SpeculationConfig
 from engine.model.runner import Segment
 from engine.spec.draft import (
     GrowLimits,
+    MaskFn,
     best_first_search,
     draft_log_probs,
     grow_sampled_tree,
@@ -29,8 +30,9 @@ def bigram_tree(
     spec: SpeculationConfig,
     budget: int,
     stop_mask: torch.Tensor,
+    mask: MaskFn | None = None,
 ) -> Tree:
-    """table: [vocab, vocab] draft logits given the previous token."""
+    """table: [vocab, vocab] draft logits given the previous token; mask: a grammar's draft masks."""
     limits = GrowLimits(budget=budget, max_depth=spec.max_depth, stop_mask=stop_mask)
 
     def expand(tree: Tree, selected: torch.Tensor) -> Iterator[Segment]:
@@ -39,7 +41,7 @@ def bigram_tree(
 
     tree = root_tree(root, 0, torch.device("cpu"))
     root_log_probs = draft_log_probs(table[[root]], params, spec.greedy_tree_temperature)
-    return run_growth(None, best_first_search(tree, root_log_probs, expand, spec, limits, lambda: 10**6))
+    return run_growth(None, best_first_search(tree, root_log_probs, expand, spec, limits, lambda: 10**6, mask))
 
 
 class BigramDrafter:
@@ -70,7 +72,8 @@ def bigram_sampled_tree(
     max_depth: int,
     stop_mask: torch.Tensor,
     generator: torch.Generator,
+    mask: MaskFn | None = None,
 ) -> Tree:
     """The SpecInfer tree the engine builds (grow_sampled_tree) over the bigram draft."""
     limits = GrowLimits(budget=budget, max_depth=max_depth, stop_mask=stop_mask)
-    return run_growth(None, grow_sampled_tree(BigramDrafter(table), root, [], params, limits, generator))
+    return run_growth(None, grow_sampled_tree(BigramDrafter(table), root, [], params, limits, generator, mask))

@@ -8,28 +8,18 @@ check that every child the draft proposed is a token a fresh matcher accepts at 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 import torch
 import xgrammar
 
 from engine.config import SpeculationConfig
-from engine.model.runner import Segment
-from engine.spec.draft import (
-    GrowLimits,
-    best_first_search,
-    draft_log_probs,
-    grow_sampled_tree,
-    root_tree,
-    run_growth,
-)
 from engine.spec.grammar import GrammarCache, GrammarState
 from engine.spec.sampling import NodeLogits, apply_allowed, process_logits, unpack_allowed
 from engine.spec.step import verify_step
 from engine.spec.tree import Tree, append_nodes
 from engine.types import SamplingParams, StructuredOutput, StructuredOutputError
-from tests.helpers.bigram import BigramDrafter
+from tests.helpers.bigram import bigram_sampled_tree, bigram_tree
 from tests.helpers.tiny_models import build_tokenizer
 
 TOKENIZER = build_tokenizer()
@@ -166,22 +156,13 @@ STOP[EOS] = True
 
 
 def specexec_tree(state: GrammarState | None, params: SamplingParams, root: int = 5) -> Tree:
-    limits = GrowLimits(budget=SPEC.budget, max_depth=SPEC.max_depth, stop_mask=STOP)
-
-    def expand(tree: Tree, selected: torch.Tensor) -> Iterator[Segment]:
-        return draft_log_probs(DRAFT_TABLE[tree.token_ids[selected]], params, SPEC.greedy_tree_temperature)
-        yield  # a growth step that needs no draft forward
-
-    root_lp = draft_log_probs(DRAFT_TABLE[[root]], params, SPEC.greedy_tree_temperature)
     mask = None if state is None else state.masks_for
-    growth = best_first_search(root_tree(root, 0, torch.device("cpu")), root_lp, expand, SPEC, limits, lambda: 10**6, mask)
-    return run_growth(None, growth)
+    return bigram_tree(DRAFT_TABLE, root, params, SPEC, SPEC.budget, STOP, mask)
 
 
 def specinfer_tree(state: GrammarState | None, params: SamplingParams, gen: torch.Generator, root: int = 5) -> Tree:
-    limits = GrowLimits(budget=SPEC.budget, max_depth=SPEC.max_depth, stop_mask=STOP)
     mask = None if state is None else state.masks_for
-    return run_growth(None, grow_sampled_tree(BigramDrafter(DRAFT_TABLE), root, [], params, limits, gen, mask))
+    return bigram_sampled_tree(DRAFT_TABLE, root, params, SPEC.budget, SPEC.max_depth, STOP, gen, mask)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])

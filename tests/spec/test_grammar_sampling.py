@@ -11,27 +11,16 @@ test_sampling_exactness.py) of the target row with the other tokens at -inf. Chi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
 from engine.config import SpeculationConfig
-from engine.model.runner import Segment
-from engine.spec.draft import (
-    GrowLimits,
-    best_first_search,
-    draft_log_probs,
-    grow_sampled_tree,
-    root_tree,
-    run_growth,
-)
 from engine.spec.grammar import GrammarCache, GrammarState
 from engine.spec.sampling import make_generator
 from engine.spec.step import verify_step
 from engine.spec.tree import Tree
 from engine.types import SamplingParams, StructuredOutput
-from tests.helpers.bigram import BigramDrafter
+from tests.helpers.bigram import bigram_sampled_tree, bigram_tree
 from tests.helpers.tiny_models import build_tokenizer
 from tests.spec.test_sampling_exactness import chi_square_p, reference_probs
 
@@ -53,20 +42,11 @@ SHAPED = SamplingParams(temperature=0.7, top_k=3, repetition_penalty=1.4)
 
 
 def specexec_tree(root: int, state: GrammarState, params: SamplingParams, gen: torch.Generator) -> Tree:
-    limits = GrowLimits(budget=SPEC.budget, max_depth=SPEC.max_depth, stop_mask=STOP)
-
-    def expand(tree: Tree, selected: torch.Tensor) -> Iterator[Segment]:
-        return draft_log_probs(DRAFT[tree.token_ids[selected]], params, SPEC.greedy_tree_temperature)
-        yield  # a growth step that needs no draft forward
-
-    root_lp = draft_log_probs(DRAFT[[root]], params, SPEC.greedy_tree_temperature)
-    tree = root_tree(root, 0, torch.device("cpu"))
-    return run_growth(None, best_first_search(tree, root_lp, expand, SPEC, limits, lambda: 10**6, state.masks_for))
+    return bigram_tree(DRAFT, root, params, SPEC, SPEC.budget, STOP, state.masks_for)
 
 
 def specinfer_tree(root: int, state: GrammarState, params: SamplingParams, gen: torch.Generator) -> Tree:
-    limits = GrowLimits(budget=9, max_depth=SPEC.max_depth, stop_mask=STOP)
-    return run_growth(None, grow_sampled_tree(BigramDrafter(DRAFT), root, [], params, limits, gen, state.masks_for))
+    return bigram_sampled_tree(DRAFT, root, params, 9, SPEC.max_depth, STOP, gen, state.masks_for)
 
 
 def constrained_sample(make_tree, cache: GrammarCache, params: SamplingParams, gen: torch.Generator,
