@@ -158,6 +158,10 @@ class AsyncEngine:
         return len(self._running)
 
     @property
+    def worker_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def healthy(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._fault is None
 

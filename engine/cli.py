@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,45 +14,99 @@ from engine.types import ConfigError
 DEFAULT_MODELS = Path(__file__).resolve().parents[1] / "models" / "default"
 DEFAULT_MODEL_NAME = "specexec-default"
 
-# flag -> (section, field, type)
-ENGINE_FLAGS: dict[str, tuple[str, str, type]] = {
-    "--target": ("model", "target", str),
-    "--draft": ("model", "draft", str),
-    "--dtype": ("model", "dtype", str),
-    "--device": ("model", "device", str),
-    "--method": ("speculation", "method", str),
-    "--budget": ("speculation", "budget", str),
-    "--max-expand": ("speculation", "max_expand", int),
-    "--max-children": ("speculation", "max_children", int),
-    "--max-depth": ("speculation", "max_depth", int),
-    "--decay": ("speculation", "decay", float),
-    "--greedy-tree-temperature": ("speculation", "greedy_tree_temperature", float),
-    "--sampled-tree-temperature-scale": ("speculation", "sampled_tree_temperature_scale", float),
-    "--specinfer-temperature": ("speculation", "specinfer_temperature", float),
-    "--offload-source": ("offload", "source", str),
-    "--resident-layers": ("offload", "resident_layers", int),
-    "--gpu-memory": ("offload", "gpu_memory", float),
-    "--ring-size": ("offload", "ring_size", int),
-    "--max-context": ("limits", "max_context", int),
-    "--max-queue": ("limits", "max_queue", int),
-    "--max-running": ("limits", "max_running", int),
-    "--prefix-cache-slots": ("limits", "prefix_cache_slots", int),
+# flag -> (section, field, type, help); the help's default is read from the config dataclass
+ENGINE_FLAGS: dict[str, tuple[str, str, type, str]] = {
+    "--target": ("model", "target", str, "target model: a local Hugging Face checkpoint folder (default: the built-in pair)"),
+    "--draft": ("model", "draft", str, "draft model folder; must share the target's token ids (default: the built-in pair)"),
+    "--dtype": ("model", "dtype", str, "auto (fp32 on CPU; on CUDA bf16 for a bf16 checkpoint on sm80+, else fp16), "
+                "float32, float16 or bfloat16"),
+    "--device": ("model", "device", str, "auto (cuda if available), cpu or cuda[:N]"),
+    "--threads": ("model", "threads", int, "CPU threads for torch's kernels; 0: auto (the usable cores less one, "
+                  "at least 1, at most 16; on CUDA: 1)"),
+    "--method": ("speculation", "method", str, "specexec, specinfer or autoregressive (no draft)"),
+    "--budget": ("speculation", "budget", str, "draft tokens per tree, or auto (measured at startup and from traffic)"),
+    "--max-expand": ("speculation", "max_expand", int, "K: leaves expanded per draft forward"),
+    "--max-children": ("speculation", "max_children", int, "w: children proposed per expanded node"),
+    "--max-depth": ("speculation", "max_depth", int, "deepest tree node (= draft forwards per step)"),
+    "--decay": ("speculation", "decay", float, "tree scores add log(decay) per level, in (0, 1]"),
+    "--greedy-tree-temperature": ("speculation", "greedy_tree_temperature", float,
+                                  "greedy requests: temperature of the draft scores that rank tree nodes"),
+    "--sampled-tree-temperature-scale": ("speculation", "sampled_tree_temperature_scale", float,
+                                         "sampled requests: tree nodes ranked at the request's temperature times this"),
+    "--specinfer-temperature": ("speculation", "specinfer_temperature", float,
+                                "method specexec: unseeded requests at this temperature or above grow SpecInfer trees"),
+    "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),
+    "--resident-layers": ("offload", "resident_layers", int,
+                          "target layers kept on the device (default: as many as --gpu-memory allows)"),
+    "--gpu-memory": ("offload", "gpu_memory", float, "GB of device memory for resident target layers"),
+    "--ring-size": ("offload", "ring_size", int, "device buffers in the streaming ring (>= 2)"),
+    "--max-context": ("limits", "max_context", int,
+                      "prompt + completion tokens (default: the target's trained positions, capped at 8192)"),
+    "--max-queue": ("limits", "max_queue", int, "waiting requests beyond the running ones; more get 429"),
+    "--max-running": ("limits", "max_running", int, "requests whose trees share one target pass"),
+    "--prefix-cache-slots": ("limits", "prefix_cache_slots", int,
+                             "KV slots kept for the prefix cache beyond the running ones; 0: no reuse"),
 }
+CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "autoregressive"),
+           "--offload-source": ("ram", "disk")}
 
 
 class CliError(Exception):
     pass
 
 
+def field_default(section: str, field: str) -> object:
+    from engine.config import SECTIONS
+
+    for f in dataclasses.fields(SECTIONS[section]):
+        if f.name == field:
+            return f.default
+    raise KeyError(f"{section}.{field}")
+
+
+def flag_help(flag: str) -> str:
+    """'meaning [section] field, default X' for an engine flag."""
+    section, field, _kind, meaning = ENGINE_FLAGS[flag]
+    default = field_default(section, field)
+    shown = "" if default in (None, "") or "default" in meaning else f"; default {default}"
+    return f"{meaning}{shown} [{section}] {field}"
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="a configs/ TOML file; flags given on the command line override it")
-    for flag, (section, field, kind) in ENGINE_FLAGS.items():
-        parser.add_argument(flag, type=kind, default=None, help=f"[{section}] {field}")
-    parser.add_argument("--offload", action="store_true", default=None, help="[offload] enabled: stream target layers")
-    parser.add_argument(
+    group = parser.add_argument_group("engine (each flag is a key of a configs/ TOML file, [section] field)")
+    group.add_argument("--config", help="a configs/ TOML file; flags given on the command line override it")
+    for flag, (_section, _field, kind, _meaning) in ENGINE_FLAGS.items():
+        choices = CHOICES.get(flag)  # shown, checked by the config (one error line naming the field)
+        metavar = "{" + ",".join(choices) + "}" if choices else None
+        group.add_argument(flag, type=kind, default=None, metavar=metavar, help=flag_help(flag))
+    group.add_argument("--offload", action="store_true", default=None,
+                       help="stream the target's layers from RAM or disk (default off) [offload] enabled")
+    group.add_argument(
         "--allow-long-context", action="store_true", default=None,
-        help="[limits] allow_long_context: accept a --max-context beyond the target's trained positions",
+        help="accept a --max-context beyond the target's trained positions (default off) [limits] allow_long_context",
     )
+
+
+def auto_threads(device: str) -> int:
+    """CPU threads for torch when model.threads is 0: the usable cores less one (the server's event loop,
+    tokenizer and other processes need one; oversubscribed torch threads spin and stall), at least 1 and
+    at most 16; 1 on CUDA, where the host only launches kernels."""
+    if device.startswith("cuda"):
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(16, cores - 1))
+
+
+def apply_threads(config: EngineConfig) -> int:
+    """Set torch's intra-op threads from model.threads (0: auto_threads); returns the number."""
+    import torch
+
+    device = config.model.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    threads = config.model.threads or auto_threads(device)
+    torch.set_num_threads(threads)
+    return threads
 
 
 def parse_budget(value: str) -> int | str:
@@ -66,7 +122,7 @@ def engine_config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, dic
     """EngineConfig from --config and flags; also returns the file's [server] section."""
     sections = read_config_file(args.config) if args.config else {}
     overrides: dict[str, dict] = {}
-    for flag, (section, field, _kind) in ENGINE_FLAGS.items():
+    for flag, (section, field, _kind, _meaning) in ENGINE_FLAGS.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             overrides.setdefault(section, {})[field] = parse_budget(value) if field == "budget" else value

@@ -32,6 +32,7 @@ class ModelConfig:
     dtype: str = "auto"  # auto: float32 on CPU; CUDA: a bf16 checkpoint's bfloat16 on sm80+, else float16
     device: str = "auto"  # auto: cuda if available else cpu
     name: str = ""  # model id served over HTTP; default: target folder name
+    threads: int = 0  # CPU threads for torch's kernels; 0: auto (engine.cli.auto_threads)
 
     def __post_init__(self) -> None:
         require(
@@ -44,6 +45,7 @@ class ModelConfig:
             "model.device",
             f"must be auto, cpu or cuda[:N], got {self.device!r}",
         )
+        require(self.threads >= 0, "model.threads", f"must be >= 0 (0: auto), got {self.threads!r}")
 
 
 @dataclass(frozen=True)

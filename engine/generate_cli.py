@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from engine.cli import CliError
 from engine.config import EngineConfig
-from engine.runtime import Engine
 from engine.types import GenerationStats, Request, SamplingParams
+
+if TYPE_CHECKING:
+    from engine.runtime import Engine
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompt", required=True, help="prompt text (raw, no chat template)")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--stats", action="store_true", help="speculation statistics to stderr")
+    group = parser.add_argument_group("generate")
+    group.add_argument("--prompt", required=True, help="prompt text (raw, no chat template)")
+    group.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
+    group.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else sampling")
+    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1: off)")
+    group.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default 0: off)")
+    group.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability "
+                       "(default 0: off)")
+    group.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh one per run)")
+    group.add_argument("--stats", action="store_true", help="speculation statistics to stderr")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -49,10 +54,16 @@ def format_stats(totals: GenerationStats) -> str:
 
 
 def run_generate(config: EngineConfig, args: argparse.Namespace) -> int:
+    from engine.runtime import Engine  # here, so `specexec --help` imports no torch
+
     params = sampling_from_args(args)
-    engine = Engine.load(config)
+    with Engine.load(config) as engine:
+        return complete(engine, args, params, config.model.target)
+
+
+def complete(engine: Engine, args: argparse.Namespace, params: SamplingParams, target: str) -> int:
     if engine.tokenizer is None:
-        raise CliError(f"{config.model.target}: no tokenizer files; generate needs one")
+        raise CliError(f"{target}: no tokenizer files; generate needs one")
     # as /v1/completions encodes a text prompt (BOS where the tokenizer adds one), so both give the same text
     prompt_ids = engine.tokenizer.encode(args.prompt, add_special_tokens=True)
     if not prompt_ids:

@@ -6,7 +6,7 @@
 
 Several requests run at once (the server's AsyncEngine drives `add_request` / `step` / `abort_request`;
 `generate` runs one request alone): each step grows every running request's tree and scores them all
-in one target pass (engine.scheduler, engine.spec.batch). KV caches for max_running requests plus
+in one target pass (engine.scheduler, engine.speculation.batch). KV caches for max_running requests plus
 the prefix cache are allocated at load, after a memory plan (engine.model.memory_plan) checked that
 they and a step's workspaces fit. A CUDA runtime error raises EngineFault (the engine is down);
 running out of device memory fails that step's requests alone with OutOfMemory.
@@ -27,12 +27,12 @@ from engine.model import checkpoint, faults, memory, memory_plan
 from engine.model.kv_pool import Acquired, KVPool, KVSlot
 from engine.model.pair import LoadedPair, load_pair
 from engine.scheduler import Running, Scheduler
-from engine.spec.batch import run_batch
-from engine.spec.budget import BudgetTracker, calibration_budgets
-from engine.spec.draft import Drafter
-from engine.spec.grammar import GrammarCache
-from engine.spec.sampling import logits_workspace_bytes, make_generator
-from engine.spec.step import PREFILL_CHUNK, SequenceState, StepContext
+from engine.speculation.batch import run_batch
+from engine.speculation.budget import BudgetTracker, calibration_budgets
+from engine.speculation.draft import Drafter
+from engine.speculation.grammar import GrammarCache
+from engine.speculation.sampling import logits_workspace_bytes, make_generator
+from engine.speculation.step import PREFILL_CHUNK, SequenceState, StepContext
 from engine.types import (
     ConfigError,
     ContextLengthError,
@@ -85,6 +85,16 @@ class Engine:
         gc.collect()  # the failed load's frames (and the weights they hold) went with the exception
         faults.release_device_memory(checkpoint.resolve_device(config.model.device))
         raise memory.weights_do_not_fit(config, message)
+
+    def close(self) -> None:
+        """Stop the target's layer streamer; the engine serves no more steps. Idempotent."""
+        self.pair.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def with_speculation(self, spec: SpeculationConfig) -> Engine:
         """The same loaded models under other speculation settings (benchmarks); shares the KV pool

@@ -1,7 +1,7 @@
 """Which sequences run in the next step and with what tree budgets; what each step's tokens mean for them.
 
     batch = scheduler.schedule()            # every running sequence, budgets split, joiners' prefills
-    results = run_batch(target, batch)      # engine.spec.batch: trees, ONE target pass, verification
+    results = run_batch(target, batch)      # engine.speculation.batch: trees, ONE target pass, verification
     output = scheduler.postprocess(batch, results)  # stop / length checks, deltas, slots released
 
 Sequences join between steps (`admit`, up to max_running, each taking a KV slot from the pool with
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.model.kv_pool import Acquired, KVPool
-from engine.spec.batch import BatchItem
-from engine.spec.budget import split_budget
-from engine.spec.step import SequenceState, StepContext
+from engine.speculation.batch import BatchItem
+from engine.speculation.budget import split_budget
+from engine.speculation.step import SequenceState, StepContext
 from engine.types import FinishReason, GenerationStats, PassStats, Request, StepOutput, StepStats, TokenDelta
 
 CURVE_ALPHA = 0.3  # per-sequence acceptance curve: weight of the newest step

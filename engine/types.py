@@ -312,3 +312,8 @@ class GenerationEngine(Protocol):
         fail, the next step may run), the pass's stats. Raises EngineFault on a device failure (the
         engine cannot serve any request until restarted)."""
         ...
+
+    def close(self) -> None:
+        """Release what the engine runs beside its steps (the layer streamer's thread); after the
+        last step. Idempotent."""
+        ...

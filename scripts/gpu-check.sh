@@ -6,4 +6,4 @@
 #   bash scripts/gpu-check.sh --out "$OUT/gpu.md"
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python3 -m engine.tools.gpu_check "$@"
+exec python3 -m bench.gpu_check "$@"

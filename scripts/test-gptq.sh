@@ -11,4 +11,4 @@ if ! .venv-gptq/bin/python -m pip install -q --disable-pip-version-check -e ".[d
   echo "test-gptq: WARNING: the gptq extra did not install here; GPTQ tests not run" >&2
   exit 0
 fi
-.venv-gptq/bin/python -m pytest -q -p no:cacheprovider tests/model/test_quant.py tests/tools/test_bench_tools.py "$@"
+.venv-gptq/bin/python -m pytest -q -p no:cacheprovider tests/model/test_quant.py tests/bench/test_bench_tools.py "$@"

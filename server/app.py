@@ -169,7 +169,7 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
     req = await asyncio.to_thread(parse_request, raw, ChatCompletionRequest if chat else CompletionRequest)
     async_engine, prompt = state.require_ready()
     state.check_model(req.model)
-    plan = prompt.tool_plan(req)  # None: no tool calls to read (server/tools/plan.py)
+    plan = prompt.tool_plan(req)  # None: no tool calls to read (server/toolcalls/plan.py)
     prompt_ids = await asyncio.to_thread(prompt.prompt_ids, req, plan)
     params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
     await check_structured_output(state, req)

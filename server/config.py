@@ -13,7 +13,7 @@ from pathlib import Path
 from engine.config import require
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-TOOL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "none")  # server/tools/parsers.py
+TOOL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "none")  # server/toolcalls/parsers.py
 API_KEY_ENV = "SPECEXEC_API_KEY"
 
 

@@ -26,7 +26,7 @@ class Decoder(Protocol):
 
 class Detokenizer:
     """`drop_ids`: when given, these ids are dropped and the rest decoded with special tokens kept
-    (a tool-call marker that is a special token stays in the text; server/tools/detect.py)."""
+    (a tool-call marker that is a special token stays in the text; server/toolcalls/detect.py)."""
 
     def __init__(self, tokenizer: Decoder, skip_special_tokens: bool = True,
                  drop_ids: frozenset[int] | None = None):

@@ -31,7 +31,7 @@ from server.errors import engine_down, generation_error, queue_full, shutting_do
 from server.logprobs import LogprobFormat
 from server.metrics import Metrics
 from server.responses import Envelope
-from server.tools.output import ToolOutput
+from server.toolcalls.output import ToolOutput
 
 log = logging.getLogger("specexec.server")
 
@@ -46,7 +46,7 @@ class Generation:
     def __init__(self, async_engine: AsyncEngine, request: Request, text: TextStream, metrics: Metrics,
                  endpoint: str, *, logprobs: LogprobFormat | None = None, tools: ToolOutput | None = None):
         self.request = request
-        self.tools = tools  # None: plain text; else reads tool calls out of the text (server/tools/)
+        self.tools = tools  # None: plain text; else reads tool calls out of the text (server/toolcalls/)
         self.text = text
         self.metrics = metrics
         self.endpoint = endpoint

@@ -7,7 +7,7 @@ token (so up to k + 1 entries, as OpenAI documents). A stream's chunks each carr
 completions' text_offset goes on counting across them.
 
 The values are the target's log-probabilities under the request's processed distribution (see
-engine/spec/logprobs.py). A token the processing removed (top_k, top_p, min_p) has log-prob -inf,
+engine/speculation/logprobs.py). A token the processing removed (top_k, top_p, min_p) has log-prob -inf,
 which JSON cannot carry: it is sent as MIN_LOGPROB, as vLLM does.
 """
 

@@ -18,9 +18,9 @@ from server.protocol import (
     SamplingRequest,
     check_token_ids,
 )
-from server.tools.detect import ToolSupport
-from server.tools.plan import ToolPlan, plan_tools
-from server.tools.render import conversation
+from server.toolcalls.detect import ToolSupport
+from server.toolcalls.plan import ToolPlan, plan_tools
+from server.toolcalls.render import conversation
 
 log = logging.getLogger("specexec.server")
 

@@ -325,7 +325,7 @@ def _check_structured_output(request: SamplingRequest) -> None:
 
 def _check_tool_choice(request: ChatCompletionRequest) -> None:
     """`tool_choice` "required" or a named function needs tools (and that function among them);
-    whether the model can call tools is checked with the model (server/tools/plan.py)."""
+    whether the model can call tools is checked with the model (server/toolcalls/plan.py)."""
     choice = request.tool_choice
     if choice in (None, "auto", "none"):
         return

@@ -48,7 +48,7 @@ async def choice_chunks(gen: Generation, env: Envelope, index: int) -> AsyncIter
         if gen.tools is None:
             yield env.chunk(piece, index=index, logprobs=gen.take_logprobs())
             continue
-        for delta in gen.tools.feed(piece):  # content and tool-call deltas (server/tools/output.py)
+        for delta in gen.tools.feed(piece):  # content and tool-call deltas (server/toolcalls/output.py)
             yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls)
     for delta in gen.tools.finish() if gen.tools is not None else []:
         yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls)

@@ -122,3 +122,5 @@ class ServerState:
     def shutdown(self) -> None:
         if self.async_engine is not None:
             self.async_engine.stop()
+            if self.engine is not None and not self.async_engine.worker_alive:  # no step uses it any more
+                self.engine.close()

@@ -69,7 +69,7 @@ def test_the_flag_and_the_file_field_set_the_override(pair):
 
 
 def test_the_cli_refuses_with_one_line_naming_the_field(pair):
-    args = [sys.executable, "-m", "server", "generate", "--target", pair[0], "--draft", pair[1], "--prompt", "x",
+    args = [sys.executable, "-m", "specexec", "generate", "--target", pair[0], "--draft", pair[1], "--prompt", "x",
             "--max-tokens", "4", "--max-context", str(TRAINED * 2)]
     refused = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2

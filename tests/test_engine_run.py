@@ -9,7 +9,7 @@ import pytest
 
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.runtime import Engine
-from engine.spec.step import prefill
+from engine.speculation.step import prefill
 from engine.types import ContextLengthError, FinishReason, Request, SamplingParams, VocabMismatchError
 from tests.helpers.tiny_models import build_tokenizer, make_tiny_pair
 
@@ -117,7 +117,7 @@ def test_incompatible_vocabularies_name_both_models(tmp_path, pair):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "specexec", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_cli_generate_prints_only_the_completion(pair):
@@ -135,7 +135,7 @@ def test_cli_generate_prints_only_the_completion(pair):
 
 def test_cli_generate_into_a_closed_pipe_exits_quietly(pair):
     target, draft = pair
-    args = [sys.executable, "-m", "server", "generate", "--target", target, "--draft", draft, "--prompt", "x",
+    args = [sys.executable, "-m", "specexec", "generate", "--target", target, "--draft", draft, "--prompt", "x",
             "--max-tokens", "8", "--budget", "8"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # like `| head -c 0`: nobody reads the completion

@@ -28,6 +28,13 @@ class LoadedPair:
     eos_token_ids: frozenset[int]
     max_context: int
 
+    def close(self) -> None:
+        """Stop the target's layer streamer, if it streams (its loader thread must not outlive the
+        interpreter's torch state: exiting with it mid-copy aborts the process). Idempotent."""
+        close = getattr(self.target.layers, "close", None)
+        if close is not None:
+            close()
+
 
 def load_pair(config: EngineConfig) -> LoadedPair:
     model_cfg = config.model

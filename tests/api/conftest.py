@@ -26,8 +26,8 @@ import httpx
 import openai
 import pytest
 
+from bench.serve_process import stop_process
 from engine.config import EngineConfig, LimitsConfig
-from engine.tools.serve_process import stop_process
 from server.app import build_app
 from server.config import ServerConfig
 from tests.helpers.fake_engine import FakeEngine

@@ -10,8 +10,9 @@ from collections.abc import Collection
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("engine", "server")
-ENGINE_INTERNALS = ("engine.spec", "engine.model", "engine.offload", "engine.tools")
+PACKAGES = ("engine", "server", "bench", "builder", "specexec")
+ENGINE_INTERNALS = ("engine.speculation", "engine.model", "engine.offload")
+PROGRAMS = ("bench", "builder", "specexec")  # programs that use the engine and the server
 HEAVY_TOOL_MODULES = ("matplotlib", "tqdm")
 
 
@@ -106,9 +107,32 @@ def test_server_imports_no_engine_internal() -> None:
 def test_importing_the_app_loads_no_tools_module() -> None:
     code = (
         "import sys, server.app\n"
-        f"prefixes = {('engine.tools', *HEAVY_TOOL_MODULES)!r}\n"
+        f"prefixes = {(*PROGRAMS, *HEAVY_TOOL_MODULES)!r}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in prefixes or m.startswith(prefixes)))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_engine_and_server_import_no_program() -> None:
+    graph = import_graph()
+    bad = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module.startswith(("engine", "server"))
+        for target in targets
+        if target.startswith(PROGRAMS)
+    )
+    assert not bad, bad
+
+
+def test_help_imports_no_torch() -> None:
+    code = (
+        "import sys\nfrom specexec.__main__ import main\n"
+        "for argv in (['--help'], ['serve', '--help'], ['generate', '--help'], ['serve', '--no-such-flag']):\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules), file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.stderr.strip().splitlines()[-1] == "[]", result.stderr

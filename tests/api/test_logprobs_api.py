@@ -1,6 +1,6 @@
 """logprobs over HTTP with the real openai SDK: OpenAI's shapes for chat and completions, streamed
 and not, one entry per completion token. (The values themselves are checked against an independent
-transformers reference in tests/spec/test_logprobs.py.)"""
+transformers reference in tests/speculation/test_logprobs.py.)"""
 
 from __future__ import annotations
 

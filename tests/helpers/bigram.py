@@ -10,7 +10,7 @@ import torch
 
 from engine.config import SpeculationConfig
 from engine.model.runner import Segment
-from engine.spec.draft import (
+from engine.speculation.draft import (
     GrowLimits,
     MaskFn,
     best_first_search,
@@ -19,7 +19,7 @@ from engine.spec.draft import (
     root_tree,
     run_growth,
 )
-from engine.spec.tree import Tree
+from engine.speculation.tree import Tree
 from engine.types import SamplingParams
 
 
@@ -45,7 +45,7 @@ def bigram_tree(
 
 
 class BigramDrafter:
-    """Stands in for engine.spec.draft.Drafter: the draft's logits for a node are the table's row for
+    """Stands in for engine.speculation.draft.Drafter: the draft's logits for a node are the table's row for
     the node's own token; its cache has unlimited room."""
 
     def __init__(self, table: torch.Tensor):

@@ -102,6 +102,9 @@ class FakeEngine(GenerationEngine):
         stream.close()
         return TokenDelta(request_id, [], FinishReason.ABORT, totals=GenerationStats())
 
+    def close(self) -> None:
+        self.closed = True
+
     def step(self) -> StepOutput:
         """One delta from each running request's stream, in admission order."""
         output = StepOutput()

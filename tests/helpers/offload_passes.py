@@ -10,7 +10,7 @@ from engine.config import EngineConfig, ModelConfig, OffloadConfig
 from engine.model import checkpoint
 from engine.model.runner import DecoderRunner
 from engine.offload.build import build_offloaded_runner
-from engine.spec.tree import causal_mask, prefix_tree_mask
+from engine.speculation.tree import causal_mask, prefix_tree_mask
 
 CPU = torch.device("cpu")
 

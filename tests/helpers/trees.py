@@ -1,4 +1,4 @@
-"""Hand-built trees for tests: a parent list -> the ancestor matrix and depths, independently of engine.spec.tree."""
+"""Hand-built trees for tests: a parent list -> the ancestor matrix and depths, independently of engine.speculation.tree."""
 
 from __future__ import annotations
 

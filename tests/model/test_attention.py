@@ -20,7 +20,7 @@ from engine.model.attention import (
     causal_allowed,
 )
 from engine.model.runner import DecoderRunner
-from engine.spec.tree import causal_mask, prefix_tree_mask
+from engine.speculation.tree import causal_mask, prefix_tree_mask
 from tests.helpers.tiny_models import tiny_config
 from tests.helpers.trees import ancestors_and_depths, path_of
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.quant import quantize_gptq
 from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.model import checkpoint, gptq
 from engine.model.runner import DecoderRunner
 from engine.offload.layout import layer_tensors, layout_of
 from engine.runtime import Engine
-from engine.tools.bench_quant import quantize_gptq
 from engine.types import CheckpointError, OffloadError, SamplingParams
 from tests.helpers.offload_passes import assert_same_logits, reference_greedy, run_passes, streamed_runner
 from tests.helpers.tiny_models import make_tiny_pair

@@ -12,8 +12,8 @@ from engine.model import checkpoint
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner
 from engine.offload.ring import LayerStreamer
-from engine.spec import step
-from engine.spec.tree import causal_mask, prefix_tree_mask
+from engine.speculation import step
+from engine.speculation.tree import causal_mask, prefix_tree_mask
 from tests.helpers.offload_passes import streamed_runner
 from tests.helpers.tiny_models import make_tiny_pair
 from tests.helpers.trees import ancestors_and_depths, path_of

@@ -1,0 +1,193 @@
+"""Structured output: a grammar compiled against the tokenizer (xgrammar) decides which tokens each
+tree node may take.
+
+`GrammarCache` compiles `StructuredOutput` specs, once per spec (LRU), for one tokenizer and vocabulary.
+`GrammarState` is one request's matcher. Its state is the grammar after every committed token (the
+tree's root is the last committed token, so the root's mask is the matcher's own). `bitmask` walks
+the paths of a tree's nodes with accept/rollback and returns to that state; `accept` advances it
+after a step commits tokens. Masks are packed 32 tokens to an int32 word (sampling.unpack_allowed).
+
+xgrammar is imported on first use: a server that never sees a grammar never loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine.speculation.sampling import BITS_PER_WORD, unpack_allowed
+from engine.speculation.tree import Tree
+from engine.types import StructuredOutput, StructuredOutputError
+
+if TYPE_CHECKING:
+    import xgrammar
+
+GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept per engine
+# Whitespace characters allowed between JSON elements: room for pretty-printing, but a model cannot
+# stall a request in an endless run of spaces.
+MAX_JSON_WHITESPACE = 16
+ALL_TOKENS = -1  # a packed word with every bit set
+_LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # xgrammar's "[hh:mm:ss] file.cc:line: " prefix
+
+
+def compile_error(spec: StructuredOutput, exc: Exception) -> StructuredOutputError:
+    what = {"json_object": "JSON grammar", "json_schema": "JSON schema", "regex": "regex"}[spec.kind]
+    first = _LOG_PREFIX.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    return StructuredOutputError(f"the {what} cannot be compiled: {first}")
+
+
+class GrammarCache:
+    """Compiled grammars for one tokenizer, at most `max_entries`, least recently used dropped.
+    Thread-safe: the server compiles in its threads, the engine's worker looks up."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
+                 max_entries: int = GRAMMAR_CACHE_SIZE):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size  # the target's logits width (may exceed the tokenizer's)
+        self.stop_token_ids = sorted(stop_token_ids)  # end the grammar (EOS); empty: the tokenizer's EOS
+        self.max_entries = max_entries
+        self._entries: OrderedDict[StructuredOutput, xgrammar.CompiledGrammar] = OrderedDict()
+        self._compiler: xgrammar.GrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    def compile(self, spec: StructuredOutput) -> xgrammar.CompiledGrammar:
+        """The compiled grammar of `spec`; StructuredOutputError if it cannot be compiled."""
+        with self._lock:
+            compiled = self._entries.get(spec)
+            if compiled is not None:
+                self._entries.move_to_end(spec)
+                return compiled
+            compiler = self._get_compiler()
+        compiled = compile_spec(compiler, spec)  # outside the lock: a large schema takes a while
+        with self._lock:
+            self._entries[spec] = compiled
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return compiled
+
+    def new_state(self, spec: StructuredOutput, device: torch.device) -> GrammarState:
+        return GrammarState(self.compile(spec), self.vocab_size, device)
+
+    def _get_compiler(self) -> xgrammar.GrammarCompiler:
+        """Made on first use, under the lock."""
+        if self._compiler is None:
+            if self.tokenizer is None:
+                raise StructuredOutputError("structured output needs the model's tokenizer, and this model has none")
+            import xgrammar
+
+            info = tokenizer_info(self.tokenizer, self.vocab_size, self.stop_token_ids)
+            self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)  # this class is the cache
+        return self._compiler
+
+
+def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> xgrammar.TokenizerInfo:
+    """xgrammar's view of the vocabulary, with the tokenizer's special tokens (BOS, chat and FIM
+    markers, ...) as xgrammar's special tokens: never allowed, where xgrammar alone would read
+    "<|im_start|>" as text a JSON string may contain. Stop tokens still end the grammar."""
+    import xgrammar
+
+    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                   stop_token_ids=list(stop_token_ids) or None)
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    special = set(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
+    vocab = [b"" if i in special else text for i, text in enumerate(info.decoded_vocab)]  # b"": special
+    return xgrammar.TokenizerInfo(vocab, xgrammar.VocabType.RAW, vocab_size=vocab_size,
+                                  stop_token_ids=info.stop_token_ids, add_prefix_space=info.add_prefix_space)
+
+
+def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> xgrammar.CompiledGrammar:
+    """json_object: any JSON object; json_schema: strict mode (no properties or items the schema does
+    not name, as OpenAI's strict schemas require; every such output is valid under the schema)."""
+    json_format = {"any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    try:
+        if spec.kind == "json_object":
+            return compiler.compile_json_schema('{"type": "object"}', strict_mode=False, **json_format)
+        if spec.kind == "json_schema":
+            json.loads(spec.spec)  # a clearer message than the compiler's for text that is not JSON
+            return compiler.compile_json_schema(spec.spec, strict_mode=True, **json_format)
+        return compiler.compile_regex(spec.spec)
+    except (RuntimeError, ValueError) as exc:
+        raise compile_error(spec, exc) from None
+
+
+class GrammarState:
+    """One request's grammar: the matcher at the committed tokens, and this step's masks by path."""
+
+    def __init__(self, compiled: xgrammar.CompiledGrammar, vocab_size: int, device: torch.device):
+        import xgrammar
+
+        self.matcher = xgrammar.GrammarMatcher(compiled)
+        self.vocab_size = vocab_size
+        self.num_words = -(-vocab_size // BITS_PER_WORD)
+        self.device = device
+        self.num_consumed = 0  # tokens of the last `accept` the grammar took (all, unless it ended)
+        self._rows: dict[tuple[int, ...], torch.Tensor] = {}  # path below the root -> [words] int32, this step
+
+    @property
+    def terminated(self) -> bool:
+        """The grammar took its stop token: the output is complete."""
+        return self.matcher.is_terminated()
+
+    def bitmask(self, tree: Tree, nodes: torch.Tensor | None = None) -> torch.Tensor:
+        """[k, ceil(vocab / 32)] int32 on the device: the packed masks of the tokens the grammar allows
+        after each of `nodes` ([k] node indices; None: every node), from each node's own path. A node
+        whose path the grammar rejects, or completes with its stop token, allows every token (it is
+        never reached, or its row is never used). One host sync (the tree's ids and parents)."""
+        num_nodes = tree.num_nodes
+        parts = [tree.token_ids, tree.parents] if nodes is None else [tree.token_ids, tree.parents, nodes]
+        host = torch.cat(parts).tolist()
+        tokens, parents = host[:num_nodes], host[num_nodes : 2 * num_nodes]
+        wanted = range(num_nodes) if nodes is None else host[2 * num_nodes :]
+        paths: list[tuple[int, ...]] = [()]  # token ids below the root, root first; parents precede children
+        for node in range(1, num_nodes):
+            paths.append(paths[parents[node]] + (tokens[node],))
+        keys = [paths[node] for node in wanted]
+        self._fill([key for key in dict.fromkeys(keys) if key not in self._rows])
+        return torch.stack([self._rows[key] for key in keys]).to(self.device)
+
+    def masks_for(self, tree: Tree, nodes: torch.Tensor) -> torch.Tensor:
+        """[k, vocab] bool on the device: the tokens the grammar allows after each of `nodes` ([k])."""
+        return unpack_allowed(self.bitmask(tree, nodes), self.vocab_size)
+
+    def _fill(self, keys: list[tuple[int, ...]]) -> None:
+        """Masks of these paths into the step's table: a depth-first walk (sorted paths share prefixes)
+        that accepts each path's tokens past the common prefix, rolls back the rest, ends where it began."""
+        if not keys:
+            return
+        buffer = torch.full((len(keys), self.num_words), ALL_TOKENS, dtype=torch.int32)  # [m, words]
+        accepted: list[int] = []  # tokens accepted beyond the committed state
+        for row, key in sorted(enumerate(keys), key=lambda item: item[1]):
+            common = 0
+            while common < min(len(accepted), len(key)) and accepted[common] == key[common]:
+                common += 1
+            if len(accepted) > common:
+                self.matcher.rollback(len(accepted) - common)
+                del accepted[common:]
+            for token in key[common:]:
+                if not self.matcher.accept_token(token):
+                    break
+                accepted.append(token)
+            if len(accepted) == len(key) and not self.matcher.is_terminated():
+                self.matcher.fill_next_token_bitmask(buffer, row)
+            self._rows[key] = buffer[row]
+        if accepted:
+            self.matcher.rollback(len(accepted))
+
+    def accept(self, new_ids: Sequence[int]) -> int:
+        """Advance past a step's committed tokens; returns (and keeps in num_consumed) how many the
+        grammar took: all, or up to and including the one that completed it."""
+        self._rows.clear()
+        self.num_consumed = len(new_ids)
+        for index, token in enumerate(new_ids):
+            if self.matcher.is_terminated():
+                self.num_consumed = index
+                break
+            accepted = self.matcher.accept_token(token)
+            assert accepted, f"committed token {token} is outside the grammar (verification masks every node)"
+        return self.num_consumed

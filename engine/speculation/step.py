@@ -1,0 +1,184 @@
+"""One sequence's part of a decoding step: its state, its draft tree, verification and commit of its rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.config import SpeculationConfig
+from engine.model.kv_cache import KVCache
+from engine.model.runner import DecoderRunner
+from engine.speculation.budget import acceptance_curve, node_indicator
+from engine.speculation.draft import Drafter, GrowLimits, Growth, grow_sampled_tree, grow_tree
+from engine.speculation.logprobs import emitted_logprobs, unpack_logprobs
+from engine.speculation.sampling import NodeLogits, position_noise
+from engine.speculation.tree import Tree
+from engine.speculation.verify import Verdict, path_probabilities, verify_specinfer, verify_tree
+from engine.types import SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:
+    from engine.speculation.grammar import GrammarState
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class SequenceState:
+    """Committed tokens of one request; the last one is the root of the next tree (no KV yet)."""
+
+    token_ids: list[int]
+    prompt_len: int
+    params: SamplingParams
+    generator: torch.Generator
+    output_counts: torch.Tensor  # [vocab] float, generated tokens so far, the root included (penalties)
+    prompt_mask: torch.Tensor | None  # [vocab] bool, tokens of the prompt (repetition penalty)
+    emitted: int = 0
+    acceptance_curve: list[float] | None = None  # last step's E[accepted] per budget 1..n-1 (budget auto)
+    expected_accepted: float | None = None  # last step's E[accepted draft tokens | its tree]; None: sampled SpecInfer
+    step_logprobs: list[TokenLogprob] | None = None  # last step's, one per new token (params.logprobs set)
+    grammar: GrammarState | None = None  # structured output: the grammar after the committed tokens
+
+    @property
+    def root_id(self) -> int:
+        return self.token_ids[-1]
+
+
+def prefill(runner: DecoderRunner, cache: KVCache, token_ids: list[int]) -> None:
+    """Write the KV of `token_ids` after the committed prefix; computes no logits. One pass over the
+    layers, each running every PREFILL_CHUNK-token chunk (a streamed target loads each layer once)."""
+    if not token_ids:
+        return
+    runner.prefill(torch.tensor(token_ids, device=cache.device), cache, PREFILL_CHUNK)
+    cache.length += len(token_ids)
+
+
+@dataclass
+class StepContext:
+    """One running sequence's side of a step: its caches, its drafter, its share of the budget."""
+
+    target_cache: KVCache
+    drafter: Drafter
+    spec: SpeculationConfig
+    budget: int
+    stop_mask: torch.Tensor  # [vocab] bool, tokens never expanded (EOS, stop ids)
+    max_context: int
+    track_acceptance: bool = False  # record the step's acceptance curve in the SequenceState (budget auto, shared budgets)
+
+
+def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
+    """The step's tree, as a growth (draft.Growth: it yields its draft forwards); with a grammar,
+    children it forbids are never proposed, and tree.allowed holds every node's mask for verification."""
+    grammar = seq.grammar
+    mask = None if grammar is None else grammar.masks_for
+    if ctx.spec.method == "autoregressive" or max_depth < 1:
+        tree = Tree.single(seq.root_id, ctx.target_cache.device)
+    else:
+        pending = seq.token_ids[ctx.drafter.cache.length : len(seq.token_ids) - 1]
+        limits = GrowLimits(budget=ctx.budget, max_depth=max_depth, stop_mask=ctx.stop_mask)
+        if ctx.spec.method == "specinfer":
+            growth = grow_sampled_tree(ctx.drafter, seq.root_id, pending, seq.params, limits, seq.generator, mask)
+        else:
+            growth = grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits, mask)
+        tree = yield from growth
+    if grammar is not None:
+        tree.allowed = grammar.bitmask(tree)
+    return tree
+
+
+def accept_committed(seq: SequenceState, new_ids: list[int]) -> None:
+    """After a step appended `new_ids` to seq.token_ids: advance the grammar past them (finish check:
+    seq.grammar.terminated, then only the first seq.grammar.num_consumed of them are output)."""
+    if seq.grammar is not None:
+        seq.grammar.accept(new_ids)
+
+
+def verify_step(
+    tree: Tree,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    output_counts: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    generator: torch.Generator,
+    track_acceptance: bool = False,
+    rows_per_block: int | None = None,
+    *,
+    allowed: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+) -> Verdict:
+    """Process every node's logits from its own path, then verify. Pure: tensors in, verdict out.
+
+    logits: [n, vocab] raw target logits; output_counts: [vocab] counts of the generated tokens so
+    far, the root among them unless it is the prompt's last token (nodes below the root are added
+    per path); track_acceptance: sampled verdicts carry node_log_probs (budget auto's curve). Rows are
+    processed in blocks of rows_per_block (None: LOGITS_BLOCK_BYTES per block). allowed: [n, words]
+    packed grammar masks, applied before everything else (None: tree.allowed, set by tree_growth).
+    noise: [max depth + 1, vocab] per-depth sampling noise for sample-and-match (position_noise)."""
+    allowed = tree.allowed if allowed is None else allowed
+    nodes = NodeLogits(tree, logits, params, output_counts, prompt_mask, allowed)
+    with_log_probs = track_acceptance and not params.greedy
+    if tree.draft_probs is not None and not params.greedy:
+        return verify_specinfer(tree, nodes, generator, rows_per_block, with_log_probs)
+    return verify_tree(tree, nodes, params.greedy, generator, rows_per_block, with_log_probs, noise)
+
+
+def step_curve(ctx: StepContext, seq: SequenceState, tree: Tree, verdict: Verdict) -> torch.Tensor:
+    """[n - 1] E[accepted] per smaller budget (empty unless tracking); greedy counts argmax paths."""
+    if not ctx.track_acceptance:
+        return tree.scores.new_zeros(0)
+    if seq.params.greedy:
+        return acceptance_curve(node_indicator(tree.num_nodes, verdict.path))
+    assert verdict.node_log_probs is not None, "verify_step(track_acceptance=True) gives the log-probs"
+    return acceptance_curve(path_probabilities(tree, verdict.node_log_probs))
+
+
+def expected_accepted(seq: SequenceState, tree: Tree) -> float | None:
+    """E[accepted draft tokens] of the step's tree under sample-and-match: the sum over non-root nodes
+    of the target's path probability (the last entry of the curve; greedy: the argmax path's length).
+    None when not tracked, and for sampled SpecInfer trees (rejection sampling accepts differently)."""
+    if seq.acceptance_curve is None or (tree.draft_probs is not None and not seq.params.greedy):
+        return None
+    return seq.acceptance_curve[-1] if seq.acceptance_curve else 0.0
+
+
+def step_depth(ctx: StepContext, seq: SequenceState) -> int:
+    """The deepest node this step's tree may have (the tree is cut to what the request may still emit)."""
+    remaining = min(seq.params.max_tokens - seq.emitted, ctx.max_context - len(seq.token_ids))
+    return 0 if ctx.spec.method == "autoregressive" else max(0, min(ctx.spec.max_depth, remaining - 1))
+
+
+def step_noise(ctx: StepContext, seq: SequenceState, tree: Tree, vocab_size: int) -> torch.Tensor | None:
+    """Sample-and-match noise keyed by (seed, position): None for greedy and SpecInfer trees."""
+    if seq.params.greedy or tree.draft_probs is not None:
+        return None
+    seed = seq.generator.initial_seed()
+    return position_noise(seed, len(seq.token_ids), step_depth(ctx, seq) + 1, vocab_size, ctx.target_cache.device)
+
+
+def commit_step(ctx: StepContext, seq: SequenceState, tree: Tree, logits: torch.Tensor) -> list[int]:
+    """Verify the scored tree (logits: [n, vocab]), keep the accepted path's KV in both caches, and
+    append the step's tokens (accepted path + bonus) to `seq`; returns them. One host sync."""
+    device = ctx.target_cache.device
+    verdict = verify_step(
+        tree, logits, seq.params, seq.output_counts, seq.prompt_mask, seq.generator, ctx.track_acceptance,
+        noise=step_noise(ctx, seq, tree, logits.shape[1]),
+    )
+    ctx.target_cache.commit(ctx.target_cache.length + verdict.path)
+    ctx.drafter.commit(tree, verdict.path)
+    num_new = verdict.path.shape[0]
+    new_id_tensor = torch.cat([tree.token_ids[verdict.path[1:]], verdict.bonus_id.reshape(1)])  # [num_new]
+    token_lp = emitted_logprobs(tree, logits, seq.params, seq.output_counts, seq.prompt_mask,
+                                verdict.path, new_id_tensor)  # read before this step's counts are added
+    seq.output_counts.index_add_(0, new_id_tensor, torch.ones(num_new, device=device))
+    curve = step_curve(ctx, seq, tree, verdict)
+    summary = torch.cat([new_id_tensor.double(), curve.double(), token_lp]).tolist()
+    # ^ the step's last host sync for this sequence (verification's path is the other)
+    new_ids = [int(t) for t in summary[:num_new]]
+    lp_begin = num_new + curve.shape[0]
+    seq.acceptance_curve = summary[num_new:lp_begin] if ctx.track_acceptance else None
+    seq.expected_accepted = expected_accepted(seq, tree)
+    seq.step_logprobs = unpack_logprobs(summary[lp_begin:], num_new) if seq.params.logprobs is not None else None
+    seq.token_ids.extend(new_ids)
+    accept_committed(seq, new_ids)
+    return new_ids

@@ -1,0 +1,89 @@
+"""One choice's generated text -> OpenAI content and tool calls, streamed or whole.
+
+Streamed (`feed` / `finish`): a list of `Delta`s per piece of text, each one chunk's delta:
+content, or one call's entry of `delta.tool_calls`. A call's first entry carries its index,
+id, type and name with `arguments: ""`; the following entries carry argument fragments.
+Whole (`message`): `content` (None when only calls were made) and `tool_calls`.
+`finish_reason` becomes "tool_calls" when a call was made and the model stopped by itself.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from server.toolcalls.parsers import ToolFormat
+from server.toolcalls.stream import Event, ToolCallReader
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass(frozen=True)
+class Delta:
+    content: str | None = None
+    tool_call: dict[str, Any] | None = None  # one entry of `delta.tool_calls`
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]] | None:
+        return None if self.tool_call is None else [self.tool_call]
+
+
+class ToolOutput:
+    def __init__(self, fmt: ToolFormat, *, eager: bool, prefill: str = "", max_calls: int | None = None):
+        self._reader = ToolCallReader(fmt, eager=eager)
+        self._max_calls = max_calls
+        self._ids: list[str] = []  # id of call i
+        self._pending = self._reader.feed(prefill)  # the prefill is the start of the model's output
+
+    @property
+    def num_calls(self) -> int:
+        return len(self._ids)
+
+    def feed(self, text: str) -> list[Delta]:
+        events, self._pending = self._pending + self._reader.feed(text), []
+        return self._deltas(events)
+
+    def finish(self) -> list[Delta]:
+        events, self._pending = self._pending + self._reader.finish(), []
+        return self._deltas(events)
+
+    def finish_reason(self, reason: str) -> str:
+        return "tool_calls" if self.num_calls and reason == "stop" else reason
+
+    def message(self, text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """The whole output: (content, tool_calls); content None when only calls were made."""
+        content: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for delta in self.feed(text) + self.finish():
+            if delta.content is not None:
+                content.append(delta.content)
+            elif delta.tool_call is not None and "id" in delta.tool_call:
+                function = delta.tool_call["function"]
+                calls.append({"id": delta.tool_call["id"], "type": "function",
+                              "function": {"name": function["name"], "arguments": function["arguments"]}})
+            elif delta.tool_call is not None:
+                calls[delta.tool_call["index"]]["function"]["arguments"] += delta.tool_call["function"]["arguments"]
+        if not calls:
+            return "".join(content), None
+        return ("".join(content) or None), calls
+
+    def _deltas(self, events: list[Event]) -> list[Delta]:
+        out: list[Delta] = []
+        for event in events:
+            if event[0] == "text":
+                out.append(Delta(content=event[1]))
+                continue
+            index = event[1]
+            if self._max_calls is not None and index >= self._max_calls:
+                continue  # parallel_tool_calls false / a named tool_choice: the first call only
+            if event[0] == "start":
+                self._ids.append(new_call_id())
+                entry = {"index": index, "id": self._ids[index], "type": "function",
+                         "function": {"name": event[2], "arguments": ""}}
+            else:
+                entry = {"index": index, "function": {"arguments": event[2]}}
+            out.append(Delta(tool_call=entry))
+        return out

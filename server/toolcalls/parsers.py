@@ -1,0 +1,92 @@
+"""The tool-call formats of the model families the configs ship, one class each.
+
+A format is data for the one incremental reader (server/toolcalls/stream.py): the text that opens
+a block of calls, what may follow it, what closes it, and the key that holds the arguments.
+Each call inside a block is a JSON object `{"name": ..., "arguments": {...}}` (Llama:
+`"parameters"`), or for Mistral's newer tokenizers `name[ARGS]{...}`.
+
+- hermes (Hermes 2 Pro, Qwen2.5, and most templates that print `<tool_call>`):
+  `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`, one block per call.
+- llama3_json (Llama 3.1+ with JSON tool calls): the output is `{"name": "f", "parameters":
+  {...}}`, optionally after `<|python_tag|>`; several calls are separated by `;`.
+- mistral (Mistral v0.3 / Mixtral 8x22B templates): `[TOOL_CALLS][{"name": "f", "arguments":
+  {...}}, ...]`, or `[TOOL_CALLS]f[ARGS]{...}` / `[TOOL_CALLS]f{...}` (v11+ tokenizers).
+
+`prefill` is the text put after the generation prompt for `tool_choice` "required" (the
+opening of a block) or a named function (the opening up to its arguments): the model then
+continues a call, which is how a choice is enforced without constrained decoding.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar, Protocol
+
+
+class ToolFormat(Protocol):
+    name: ClassVar[str]
+    markers: ClassVar[tuple[str, ...]]  # texts that open a block of calls
+    special_tokens: ClassVar[tuple[str, ...]]  # marker tokens the detokenizer must not drop
+    args_keys: ClassVar[tuple[str, ...]]  # object keys that hold the arguments
+    bare_json: ClassVar[bool]  # a JSON object at the very start of the output opens a block
+    array: ClassVar[bool]  # "[" after the marker opens a list of calls separated by ","
+    named_args: ClassVar[bool]  # `name[ARGS]{...}` or `name{...}` after the marker
+    end_marker: ClassVar[str]  # closes a block ("": none)
+    separators: ClassVar[str]  # characters between two calls of one block
+
+    def prefill(self, function: str | None) -> str: ...
+
+
+class HermesFormat:
+    name: ClassVar[str] = "hermes"
+    markers: ClassVar[tuple[str, ...]] = ("<tool_call>",)
+    special_tokens: ClassVar[tuple[str, ...]] = ("<tool_call>", "</tool_call>")
+    args_keys: ClassVar[tuple[str, ...]] = ("arguments", "parameters")
+    bare_json: ClassVar[bool] = False
+    array: ClassVar[bool] = False
+    named_args: ClassVar[bool] = False
+    end_marker: ClassVar[str] = "</tool_call>"
+    separators: ClassVar[str] = ""
+
+    def prefill(self, function: str | None) -> str:
+        if function is None:
+            return "<tool_call>\n"
+        return '<tool_call>\n{"name": ' + json.dumps(function, ensure_ascii=False) + ', "arguments":'
+
+
+class Llama3JsonFormat:
+    name: ClassVar[str] = "llama3_json"
+    markers: ClassVar[tuple[str, ...]] = ("<|python_tag|>",)
+    special_tokens: ClassVar[tuple[str, ...]] = ("<|python_tag|>",)
+    args_keys: ClassVar[tuple[str, ...]] = ("parameters", "arguments")
+    bare_json: ClassVar[bool] = True
+    array: ClassVar[bool] = False
+    named_args: ClassVar[bool] = False
+    end_marker: ClassVar[str] = ""
+    separators: ClassVar[str] = ";"
+
+    def prefill(self, function: str | None) -> str:
+        if function is None:
+            return '{"name":'
+        return '{"name": ' + json.dumps(function, ensure_ascii=False) + ', "parameters":'
+
+
+class MistralFormat:
+    name: ClassVar[str] = "mistral"
+    markers: ClassVar[tuple[str, ...]] = ("[TOOL_CALLS]",)
+    special_tokens: ClassVar[tuple[str, ...]] = ("[TOOL_CALLS]", "[ARGS]")
+    args_keys: ClassVar[tuple[str, ...]] = ("arguments",)
+    bare_json: ClassVar[bool] = False
+    array: ClassVar[bool] = True
+    named_args: ClassVar[bool] = True
+    end_marker: ClassVar[str] = ""
+    separators: ClassVar[str] = ""
+
+    def prefill(self, function: str | None) -> str:
+        if function is None:
+            return "[TOOL_CALLS]"
+        return '[TOOL_CALLS][{"name": ' + json.dumps(function, ensure_ascii=False) + ', "arguments":'
+
+
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat())}
+ARGS_MARKER = "[ARGS]"  # between name and arguments in Mistral's named form

@@ -1,0 +1,112 @@
+"""The `specexec` command: generate, serve, bench, build-default.
+
+Parsing needs no torch: `specexec --help`, `specexec serve --help` and a mistyped flag answer before
+any model library is imported. `bench` and `build-default` are programs of their own (bench/,
+builder/); their modules are imported only when named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from engine.cli import CliError, add_engine_arguments, apply_threads, engine_config_from_args
+from engine.generate_cli import add_generate_arguments
+from engine.types import CheckpointError, ConfigError, ContextLengthError, OffloadError
+from server.serve import add_server_arguments
+
+PROGRAMS = {  # `specexec NAME`: module (with add_arguments and run), description
+    "bench": ("bench.decode", "benchmark autoregressive vs SpecInfer vs SpecExec (more: `specexec bench NAME --help`)"),
+    "build-default": ("builder.build_default", "train the built-in default model pair"),
+}
+BENCH_TOOLS = {  # `specexec bench NAME`: module, description
+    "offload": ("bench.offload", "pass time resident vs streamed (ram, disk) and GB/s"),
+    "quant": ("bench.quant", "bytes per pass and pass time: fp32 vs fp16 vs GPTQ 4-bit"),
+    "structured": ("bench.structured", "tokens per pass and step overhead with and without a JSON schema"),
+    "scoring": ("bench.scoring", "SpecExec trees' expected tokens per pass by draft scoring temperature"),
+    "serve": ("bench.serve", "concurrent streams through the HTTP server: tok/s, TTFT, tokens per pass"),
+}
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from engine.generate_cli import run_generate
+
+    config, _ = engine_config_from_args(args)
+    apply_threads(config)
+    return run_generate(config, args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from server.serve import run_server, server_config_from
+
+    config, server_section = engine_config_from_args(args)
+    apply_threads(config)
+    run_server(config, server_config_from(args, server_section, args.config))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specexec", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="complete one prompt and print the text")
+    add_engine_arguments(gen)
+    add_generate_arguments(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_engine_arguments(serve)
+    add_server_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
+    for name, (_module, help_text) in PROGRAMS.items():
+        sub.add_parser(name, help=help_text, add_help=False)  # parsed by the program's own parser (main)
+    return parser
+
+
+def program_parser(prog: str, module_name: str, description: str) -> argparse.ArgumentParser:
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    module.add_arguments(parser)
+    parser.set_defaults(func=module.run)
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments of `argv`; a program's module is imported only when its command is given."""
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCH_TOOLS:
+        module, description = BENCH_TOOLS[argv[1]]
+        return program_parser(f"specexec bench {argv[1]}", module, description).parse_args(argv[2:])
+    if argv[:1] and argv[0] in PROGRAMS:
+        module, description = PROGRAMS[argv[0]]
+        if argv[0] == "bench":
+            description += "; " + "; ".join(f"`bench {name}`: {text}" for name, (_, text) in BENCH_TOOLS.items())
+        return program_parser(f"specexec {argv[0]}", module, description).parse_args(argv[1:])
+    return build_parser().parse_args(argv)
+
+
+def quiet_optional_imports() -> None:
+    """torchao (pulled in by the gptq extra) logs import-time notices to stderr."""
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def main(argv: list[str] | None = None) -> int:
+    quiet_optional_imports()
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, ConfigError, CheckpointError, ContextLengthError, OffloadError) as exc:
+        print(f"specexec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl+C before the server took over the signal (loading, imports)
+        return 130  # 128 + SIGINT
+    except BrokenPipeError:  # `specexec generate ... | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
+        return 141  # 128 + SIGPIPE, as shell tools report it
+
+
+if __name__ == "__main__":
+    sys.exit(main())

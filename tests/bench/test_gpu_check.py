@@ -1,0 +1,184 @@
+"""The GPU check (scripts/gpu-check.sh) on CPU: its refusal without CUDA, and every section's logic at
+tiny shapes (`--allow-cpu --tiny`: CUDA-only probes stubbed). What it measures on a GPU is in its
+report, never asserted here."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from bench.gpu_check import equality, links
+from bench.gpu_check.__main__ import SECTIONS, main
+from bench.gpu_check.build import build_checkpoints
+from bench.gpu_check.context import CheckContext
+from bench.gpu_check.plan import TINY
+from bench.gpu_check.probes import attention_backends, site_summary, sync_sites
+from bench.gpu_check.report import Report
+from bench.offload import streamed_runner
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER_ONLY = ("server", "fastapi", "uvicorn", "pydantic_settings", "sse_starlette", "openai")
+
+
+def table(text: str, *header: str) -> list[list[str]]:
+    """Body rows of the first markdown table whose header starts with the cells `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| " + " | ".join(header) + " |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_without_cuda_it_says_so_in_one_line_and_exits_2(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["--out", str(tmp_path / "gpu.md")]) == 2
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "no CUDA device" in out
+    assert not (tmp_path / "gpu.md").exists()
+
+
+def test_the_script_runs_the_module_with_python3_and_exits_2_without_cuda():
+    code = [
+        line
+        for line in (REPO / "scripts" / "gpu-check.sh").read_text().splitlines()
+        if not line.startswith("#")
+    ]
+    assert any("python3 -m bench.gpu_check" in line for line in code)
+    assert not any("pip " in line or "venv" in line for line in code)  # no installs, no virtual environment
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    done = subprocess.run(["bash", "scripts/gpu-check.sh"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout.count("\n") == 1 and "no CUDA device" in done.stdout
+
+
+def test_it_imports_engine_code_only():
+    """The GPU machine has torch and transformers, not the server's packages."""
+    modules = ", ".join(
+        f"bench.gpu_check.{name}"
+        for name in ("__main__", "build", "links", "equality", "overlap", "steps", "serving", "bench_row", "header")
+    )
+    code = f"import sys, {modules}; print(sorted({{m.split('.')[0] for m in sys.modules}}))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    loaded = set(eval(done.stdout))  # a printed list of module names
+    assert not loaded & set(SERVER_ONLY)
+
+
+def test_tiny_run_on_cpu_reports_every_section(tmp_path, capsys):
+    out = tmp_path / "report" / "gpu.md"
+    args = ["--allow-cpu", "--tiny", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert out.read_text() == text
+    for title, _ in SECTIONS.values():
+        assert f"## {title}" in text
+    summary = text.splitlines()[-1]
+    assert summary.startswith(f"summary: {len(SECTIONS)} sections") and "; 0 FAILED; 0 MISMATCH;" in summary
+    equal = table(text, "ring")
+    assert [(r[0], r[1]) for r in equal] == [
+        (s, c) for s in ("2", "3") for c in ("as is", "slowed below copy")
+    ]
+    assert all(r[2:5] == ["exact"] * 3 and r[-1] == "exact" for r in equal)
+    assert [r[0] for r in table(text, "tokens")] == [str(n) for n in TINY.overlap_tokens]
+    steps = table(text, "budget", "tree nodes")
+    assert [(r[0], r[1]) for r in steps] == [
+        (str(b), str(b + 1)) for b in TINY.budgets
+    ]  # tree = budget + root
+    assert all(r[4] == "n/a (CPU)" and r[6].endswith("GB") for r in steps)  # no peak on CPU; the plan's total
+    kernels = table(text, "budget", "SDPA backend (tree pass, profiled)")
+    assert [r[0] for r in kernels] == [str(b) for b in TINY.budgets]
+    assert all(r[1] != "no SDPA op seen" and r[4] == r[5] == "n/a (CPU)" for r in kernels)
+    assert len(table(text, "disk source read")) == 1
+    assert [r[0] for r in table(text, "method")] == ["Autoregressive", "SpecExec"]
+
+
+def test_the_built_weights_are_non_zero_and_differ_between_layers(tmp_path):
+    checkpoints = build_checkpoints(TINY, tmp_path, torch.device("cpu"), torch.float32)
+    with safe_open(checkpoints.target / "model.safetensors", "pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    assert all(bool(t.ne(0).all()) for t in tensors.values())
+    for name in ("input_layernorm.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight"):
+        assert not torch.equal(tensors[f"model.layers.0.{name}"], tensors[f"model.layers.1.{name}"])
+    again = build_checkpoints(TINY, tmp_path, torch.device("cpu"), torch.float32)
+    assert again.reused and again.target == checkpoints.target
+
+
+def test_a_layer_streamed_from_another_layers_bytes_is_a_mismatch(tmp_path, monkeypatch):
+    """What the equality section exists to catch: swap two layers' bytes in the RAM store, so the ring
+    hands each layer the other's weights."""
+
+    def mixed_up_runner(*args, **kwargs):
+        runner = streamed_runner(*args, **kwargs)
+        buffers = runner.layers.store.buffers
+        buffers[0], buffers[1] = buffers[1], buffers[0]
+        return runner
+
+    monkeypatch.setattr(equality, "streamed_runner", mixed_up_runner)
+    plan = dataclasses.replace(TINY, prefill_len=40, tree_nodes=17, max_stall_s=0.001)
+    report = Report(None)
+    ctx = CheckContext(plan, torch.device("cpu"), torch.float32, tmp_path, report)
+    ctx.checkpoints = build_checkpoints(plan, tmp_path, ctx.device, ctx.dtype)
+    equality.equality_section(ctx)
+    assert report.mismatches == [f"ring {r}, {c}" for r in (2, 3) for c in ("as is", "slowed below copy")]
+    assert not report.passed
+
+
+def test_a_failing_section_is_a_failed_row_and_the_others_still_run(tmp_path, monkeypatch, capsys):
+    def broken(ctx):
+        raise RuntimeError("copy exploded")
+
+    monkeypatch.setattr(links, "copy_section", broken)
+    args = ["--allow-cpu", "--tiny", "--work-dir", str(tmp_path), "--sections", "copy,disk"]
+    assert main(args) == 1
+    text = capsys.readouterr().out
+    assert "| FAILED | RuntimeError: copy exploded" in text
+    assert len(table(text, "disk source read")) == 1
+    assert "1 FAILED (Plain copy bandwidth of one layer)" in text.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("ops", "backends"),
+    [
+        (
+            ["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_efficient_attention"],
+            ["memory-efficient"],
+        ),
+        (["aten::_efficient_attention_forward"], ["memory-efficient"]),
+        (["aten::_scaled_dot_product_flash_attention"], ["flash"]),
+        (["aten::_scaled_dot_product_flash_attention_for_cpu"], ["flash (CPU)"]),
+        (["aten::_scaled_dot_product_cudnn_attention"], ["cudnn"]),
+        (["aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::softmax"], ["math"]),
+        (["aten::bmm", "aten::softmax"], []),
+    ],
+)
+def test_attention_backend_from_profiled_op_names(ops, backends):
+    assert attention_backends(ops) == backends
+
+
+def test_sync_sites_count_only_sync_warnings():
+    def warning(message: str, filename: str, lineno: int) -> warnings.WarningMessage:
+        return warnings.WarningMessage(UserWarning(message), UserWarning, filename, lineno)
+
+    caught = [
+        warning("called a synchronizing CUDA operation", "/x/engine/speculation/verify.py", 40),
+        warning("something else", "/x/engine/speculation/step.py", 1),
+        warning("called a synchronizing CUDA operation", "/x/engine/speculation/verify.py", 40),
+        warning("called a synchronizing CUDA operation", "/x/engine/speculation/step.py", 130),
+    ]
+    sites = sync_sites(caught)
+    assert sites == ["verify.py:40", "verify.py:40", "step.py:130"]
+    assert site_summary(sites) == "verify.py:40 x2, step.py:130"
