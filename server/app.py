@@ -24,7 +24,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from engine.config import EngineConfig
-from engine.types import GenerationEngine, SamplingParams, StructuredOutputError
+from engine.types import GenerationEngine, SamplingParams, StructuredOutput, StructuredOutputError
 from engine.types import Request as EngineRequest
 from server.choices import choice_request_id, start_choices
 from server.config import ServerConfig
@@ -35,6 +35,7 @@ from server.infill import infill
 from server.limits import read_body
 from server.logprobs import LogprobFormat, TokenTexts
 from server.metrics import CONTENT_TYPE
+from server.preparation import PreparationTimeout
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, parse_request
 from server.responses import Envelope
 from server.security import HostCheckMiddleware, allowed_hosts, require_json
@@ -96,7 +97,8 @@ def _state(request: Request) -> ServerState:
 
 
 async def require_api_key(request: Request) -> None:
-    """Bearer token or x-api-key, compared in constant time."""
+    """Bearer token or x-api-key, compared in constant time as UTF-8 bytes (header values arrive as
+    latin-1 text: their own bytes)."""
     key = _state(request).server_config.api_key
     if key is None:
         return
@@ -104,7 +106,7 @@ async def require_api_key(request: Request) -> None:
     auth = request.headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         supplied = auth[7:].strip()
-    if supplied is None or not hmac.compare_digest(supplied.encode(), key.encode()):
+    if supplied is None or not hmac.compare_digest(supplied.encode("latin-1"), key.encode("utf-8")):
         raise authentication_error()
 
 
@@ -165,14 +167,16 @@ async def _serve(request: Request, chat: bool) -> Response:
 async def _generate(request: Request, state: ServerState, chat: bool, endpoint: str) -> Response:
     config = state.server_config
     raw = await read_body(request, config.max_body_bytes, config.read_timeout)
-    # parsing, templates and tokenization of a large body take seconds: off the event loop
-    req = await asyncio.to_thread(parse_request, raw, ChatCompletionRequest if chat else CompletionRequest)
+    # parsing, templates and tokenization of a large body take seconds: off the event loop, in the
+    # server's own threads for bodies of this size (server/preparation.py)
+    lane = state.preparation.lane(len(raw))
+    req = await lane.run(parse_request, raw, ChatCompletionRequest if chat else CompletionRequest)
     async_engine, prompt = state.require_ready()
     state.check_model(req.model)
     plan = prompt.tool_plan(req)  # None: no tool calls to read (server/toolcalls/plan.py)
-    prompt_ids = await asyncio.to_thread(prompt.prompt_ids, req, plan)
+    prompt_ids = await lane.run(prompt.prompt_ids, req, plan)
     params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
-    await check_structured_output(state, req)
+    await check_structured_output(state, req, params.structured_output)
     if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
         params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)
     env = Envelope(chat, state.response_model(req.model), state.fingerprint)
@@ -192,14 +196,22 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
     return await collect_response(request, gens, env)
 
 
-async def check_structured_output(state: ServerState, req: SamplingRequest) -> None:
-    """Compile the request's grammar (cached for the engine) off the event loop; one the engine cannot
-    compile is a 400 naming the field that asked for it."""
+async def check_structured_output(state: ServerState, req: SamplingRequest,
+                                  spec: StructuredOutput | None = None) -> None:
+    """Compile the request's grammar (cached for the engine) in a grammar lane (server/preparation.py);
+    one the engine cannot compile, or not within --grammar-timeout, is a 400 naming the field that asked
+    for it. `spec`: the instance the engine request carries (the engine keeps its compiled grammar while
+    that instance lives); default: the request's own."""
     grammar = req.structured_output()
     if grammar is None or state.engine is None:
         return
-    param, spec = grammar
+    param, spec = grammar[0], spec or grammar[1]
     try:
-        await asyncio.to_thread(state.engine.validate_structured_output, spec)
+        await state.preparation.compile(state.engine.validate_structured_output, len(spec.spec), spec)
     except StructuredOutputError as exc:
         raise invalid_request(f"Invalid '{param}': {exc}.", param, "invalid_value") from None
+    except PreparationTimeout:
+        raise invalid_request(
+            f"Invalid '{param}': the grammar took longer than {state.preparation.grammar_timeout:g} seconds to "
+            "compile (--grammar-timeout). A smaller schema or regex compiles faster.",
+            param, "grammar_too_complex") from None

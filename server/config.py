@@ -36,6 +36,7 @@ class ServerConfig:
     max_body_bytes: int = 16 * 2**20  # larger request bodies get 413 (a 128k-token prompt is ~0.5-3 MB)
     read_timeout: float = 10.0  # seconds to send the request headers, and most seconds of silence in a body
     shutdown_timeout: float = 10.0  # seconds running requests get to finish after SIGTERM/SIGINT
+    grammar_timeout: float = 10.0  # seconds a request's grammar may take to compile; longer: a 400
 
     def __post_init__(self) -> None:
         if isinstance(self.cors_origins, list):
@@ -93,7 +94,7 @@ class ServerConfig:
             "server.max_body_bytes",
             f"must be an integer >= 1024, got {self.max_body_bytes!r}",
         )
-        for name, minimum in (("read_timeout", 0.1), ("shutdown_timeout", 0.0)):
+        for name, minimum in (("read_timeout", 0.1), ("shutdown_timeout", 0.0), ("grammar_timeout", 0.1)):
             value = getattr(self, name)
             require(
                 isinstance(value, (int, float)) and not isinstance(value, bool) and value >= minimum,

@@ -14,7 +14,8 @@ log = logging.getLogger("specexec.server")
 
 # flag dest -> ServerConfig field (the same name: every flag is a [server] key)
 SERVER_FIELDS = ("host", "port", "api_key", "cors_origins", "chat_template", "tool_parser", "served_model_name",
-                 "ping_seconds", "log_level", "allowed_hosts", "read_timeout", "shutdown_timeout")
+                 "ping_seconds", "log_level", "allowed_hosts", "read_timeout", "shutdown_timeout",
+                 "grammar_timeout")
 MIB = 2**20
 
 
@@ -48,6 +49,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--shutdown-timeout", type=float, default=None,
                        help="seconds running requests get to finish after SIGTERM/SIGINT before they are "
                             "ended (default 10)")
+    group.add_argument("--grammar-timeout", type=float, default=None,
+                       help="seconds a request's JSON schema or regex may take to compile; longer ones get a 400 "
+                            "(default 10)")
 
 
 def server_config_from(args: argparse.Namespace | None, toml_section: dict | None,

@@ -13,6 +13,7 @@ from engine.types import GenerationEngine
 from server.config import ServerConfig
 from server.errors import engine_down, loading, model_not_found
 from server.metrics import Metrics
+from server.preparation import Preparation
 from server.prompt import PromptBuilder
 
 log = logging.getLogger("specexec.server")
@@ -43,6 +44,8 @@ class ServerState:
         self.created = int(time.time())  # /v1/models `created`: fixed for the life of the process
         self.draining = False  # set on SIGTERM/SIGINT: new requests get 503 (server/shutdown.py)
         self.in_flight = 0  # HTTP requests being answered (counted by server/shutdown.py's DrainGate)
+        self.cut_off = asyncio.Event()  # set when a drain's grace period ends: bodies still uploading get 503
+        self.preparation = Preparation(server_config.grammar_timeout)  # parse/tokenize/compile threads
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -120,6 +123,7 @@ class ServerState:
         log.info("speculation: %s", self.engine_config.speculation.describe())
 
     def shutdown(self) -> None:
+        self.preparation.shutdown()
         if self.async_engine is not None:
             self.async_engine.stop()
             if self.engine is not None and not self.async_engine.worker_alive:  # no step uses it any more
