@@ -146,6 +146,11 @@ def body_timeout(seconds: float) -> APIError:
                     code="request_timeout")
 
 
+def client_closed() -> APIError:
+    """The client closed the connection before its request was read (nginx's 499); nobody reads it."""
+    return APIError(499, "The client closed the connection while sending its request.", code="client_closed")
+
+
 def internal_error(exc: BaseException) -> APIError:
     return APIError(500, f"Internal error while generating: {type(exc).__name__}: {exc}", type="server_error",
                     code="internal_error")

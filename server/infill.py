@@ -46,6 +46,7 @@ from server.state import ServerState
 
 ENDPOINT = "infill"
 LLAMA_CPP_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+EXTRA_CHUNK_CHARS = 16  # what an input_extra chunk's separator and file name line count for, in characters
 
 
 class InfillChunk(BaseModel):
@@ -91,7 +92,11 @@ def _bias_dict(bias: dict[str, float] | list[list[int | float | bool]] | None) -
         if len(pair) != 2 or isinstance(pair[0], bool) or not isinstance(pair[0], int):
             raise invalid_request("logit_bias pairs must be [token_id, bias].", "logit_bias")
         value = pair[1]
-        out[str(pair[0])] = -float(MAX_LOGIT_BIAS) if value is False else float(value)
+        try:
+            out[str(pair[0])] = -float(MAX_LOGIT_BIAS) if value is False else float(value)
+        except OverflowError:  # an integer too large for a float: out of range like any other
+            raise invalid_request(f"logit_bias values must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}].",
+                                  "logit_bias") from None
     return out
 
 
@@ -153,10 +158,28 @@ async def _infill(request: Request, state: ServerState) -> Response:
 
 
 def _parts(fim: FimFormat, req: InfillRequest, max_chars: int) -> FimParts:
-    """The prompt's pieces; text beyond what any context could hold is dropped before tokenizing."""
-    extra = [(chunk.filename, chunk.text) for chunk in req.input_extra]
-    prefix, suffix = req.input_prefix[-max_chars:], req.input_suffix[:max_chars]
-    return fim.parts(prefix, suffix, req.prompt, extra)
+    """The prompt's pieces. Every text field is cut to what any context could hold before it is
+    tokenized (`fit` would cut the same tokens): the prefix with `prompt` after it keeps its last
+    `max_chars` characters, the suffix its first, the extra context its newest chunks up to `max_chars`."""
+    prompt = req.prompt[-max_chars:]
+    room = max_chars - len(prompt)
+    prefix = req.input_prefix[max(0, len(req.input_prefix) - room) :] if room > 0 else ""
+    return fim.parts(prefix, req.input_suffix[:max_chars], prompt, _newest_extra(req.input_extra, max_chars))
+
+
+def _newest_extra(chunks: list[InfillChunk], max_chars: int) -> list[tuple[str, str]]:
+    """(filename, text) of the newest chunks within `max_chars` characters, each chunk counting
+    EXTRA_CHUNK_CHARS more for its separator; the oldest one kept may lose the start of its text."""
+    kept: list[tuple[str, str]] = []
+    room = max_chars
+    for chunk in reversed(chunks):
+        room -= EXTRA_CHUNK_CHARS + len(chunk.filename)
+        if room <= 0:
+            break
+        text = chunk.text[max(0, len(chunk.text) - room) :]
+        room -= len(text)
+        kept.append((chunk.filename, text))
+    return kept[::-1]
 
 
 async def _abort(async_engine: Any, gen: Generation) -> None:

@@ -3,7 +3,14 @@
 Python's `json` accepts what later layers cannot: `"\\ud800"` decodes to a lone UTF-16 surrogate,
 which no tokenizer, template or UTF-8 response can carry, and nesting ~1000 deep overflows the
 decoder's recursion. Both are the client's error: 400, with `param` the path of the offending
-value (`messages[0].content`).
+value (`messages[0].content`). So is an integer literal of more than 4300 digits (Python's limit on
+int-string conversion).
+
+Parsing holds the interpreter lock (GIL) from start to end, and validating every value holds it in
+small slices, so a body of millions of small values stalls every other thread, the engine's included.
+A body may hold at most MAX_JSON_VALUES values, counted before parsing by an upper bound that needs
+no parsing (one plus its commas and opening brackets, also those inside strings: a prompt with that
+many commas is far beyond any context anyway).
 """
 
 from __future__ import annotations
@@ -15,14 +22,17 @@ from typing import Any
 from server.errors import invalid_request
 
 MAX_JSON_DEPTH = 64  # request bodies (tool schemas included) nest far less
+MAX_JSON_VALUES = 2**18  # a prompt of token ids up to 262,143 tokens fits
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def load_json_object(raw: bytes) -> dict[str, Any]:
+    check_json_size(raw)
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid_request(f"We could not parse the JSON body of your request: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over 4300 digits
+        reason = str(exc).split(";")[0]  # not the int limit's advice to call sys.set_int_max_str_digits()
+        raise invalid_request(f"We could not parse the JSON body of your request: {reason}") from None
     except RecursionError:
         raise invalid_request(f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.",
                               code="invalid_json") from None
@@ -30,6 +40,15 @@ def load_json_object(raw: bytes) -> dict[str, Any]:
         raise invalid_request("The request body must be a JSON object.")
     check_json_text(body)
     return body
+
+
+def check_json_size(raw: bytes) -> None:
+    """A 400 for a body that may hold more than MAX_JSON_VALUES values (three byte counts, no parsing)."""
+    bound = 1 + raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+    if bound > MAX_JSON_VALUES:
+        raise invalid_request(
+            f"The JSON body is too complex: it may hold more than {MAX_JSON_VALUES} values (it has {bound - 1} "
+            "commas and opening brackets, counting those inside strings).", code="too_many_json_values")
 
 
 def check_json_text(body: dict[str, Any]) -> None:

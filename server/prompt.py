@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ from server.protocol import (
     CompletionRequest,
     SamplingRequest,
     check_token_ids,
+    message_text,
 )
 from server.toolcalls.detect import ToolSupport
 from server.toolcalls.plan import ToolPlan, plan_tools
@@ -86,6 +88,7 @@ class PromptBuilder:
         return self.completion_ids(request)
 
     def chat_ids(self, messages: list[ChatMessage], plan: ToolPlan | None = None) -> list[int]:
+        self.check_num_chars(chat_chars(messages, plan), "messages")  # before the template renders it all
         text = self.render_chat(messages, plan)
         self.check_chars(text, "messages")
         # the template spells out special tokens (BOS etc.) itself
@@ -126,10 +129,13 @@ class PromptBuilder:
 
     def check_chars(self, text: str, param: str) -> None:
         """A 400 context_length_exceeded for text too long to fit the context, without tokenizing it."""
-        if len(text) > self.max_prompt_chars:
+        self.check_num_chars(len(text), param)
+
+    def check_num_chars(self, num_chars: int, param: str) -> None:
+        if num_chars > self.max_prompt_chars:
             raise invalid_request(
                 f"This model's maximum context length is {self.max_context} tokens, and the prompt has "
-                f"{len(text)} characters: more than {self.max_prompt_chars} characters cannot fit into it.",
+                f"{num_chars} characters: more than {self.max_prompt_chars} characters cannot fit into it.",
                 param, "context_length_exceeded")
 
     def max_tokens(self, request: SamplingRequest, prompt_len: int) -> int:
@@ -144,6 +150,19 @@ class PromptBuilder:
         except ContextLengthError as exc:
             raise context_length_error(exc, param) from None
         return requested
+
+
+def chat_chars(messages: list[ChatMessage], plan: ToolPlan | None) -> int:
+    """The characters a chat request brings to its prompt: contents, names, past tool calls and their
+    ids, and the tool definitions rendered (as JSON); the template adds its own text around them."""
+    total = 0
+    for message in messages:
+        total += len(message_text(message)) + len(message.name or "") + len(message.tool_call_id or "")
+        for call in message.tool_calls or ():
+            arguments = call.function.arguments
+            total += len(call.id or "") + len(call.function.name)
+            total += len(arguments) if isinstance(arguments, str) else len(json.dumps(arguments))
+    return total + (len(json.dumps(plan.tools)) if plan is not None else 0)
 
 
 def longest_token_chars(tokenizer: Any) -> int:

@@ -25,6 +25,7 @@ from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
 
 MAX_STOP_STRINGS = 32
+MAX_STOP_CHARS = 1024  # per stop string: the stream holds back and re-checks up to this much text per token
 SEED_MODULUS = 2**63  # seeds are reduced into the engine's non-negative int64 range
 MAX_CHOICES = 8  # the largest `n` (each choice is one engine request)
 
@@ -288,6 +289,8 @@ def check_supported(request: SamplingRequest) -> None:
         raise invalid_request(f"At most {MAX_STOP_STRINGS} stop sequences are supported.", "stop")
     if any(s == "" for s in stops):
         raise invalid_request("Stop sequences must be non-empty strings.", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise invalid_request(f"Stop sequences may have at most {MAX_STOP_CHARS} characters.", "stop")
     _check_structured_output(request)
     if isinstance(request, ChatCompletionRequest):
         _check_chat(request)

@@ -4,7 +4,7 @@ On the first signal the server keeps listening but answers new requests with an 
 503 (`server_shutting_down`; /health: 503 `shutting_down`), and the requests already in flight
 get up to `shutdown_timeout` seconds to finish. Then whatever still runs or waits in the engine
 is aborted: a stream ends with one `data: {"error": ...}` event and `data: [DONE]`, a
-non-streamed request gets the 503. Only then does uvicorn close the listener and exit; the
+non-streamed request gets the 503, and so does a request whose body is still arriving. Only then does uvicorn close the listener and exit; the
 process exits 0 and prints no traceback. A second SIGINT (Ctrl+C) ends the grace period at once.
 """
 
@@ -20,10 +20,10 @@ from collections.abc import Callable, Generator
 from types import FrameType
 
 import uvicorn
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.server import HANDLED_SIGNALS
 
-from server.errors import shutting_down
+from server.errors import APIError, shutting_down
 from server.state import ServerState
 
 log = logging.getLogger("specexec.server")
@@ -51,9 +51,43 @@ class DrainGate:
             return
         self.state.in_flight += 1
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive_until_cut_off(receive, self.state.cut_off), send)
         finally:
             self.state.in_flight -= 1
+
+
+def receive_until_cut_off(receive: Receive, cut_off: asyncio.Event) -> Receive:
+    """`receive`, except that while the request body is still arriving, `cut_off` being set ends the
+    wait with a 503 (APIError, answered by the app's error handler, connection closed)."""
+    body_done = False
+
+    async def receive_body() -> Message:
+        nonlocal body_done
+        if body_done:
+            return await receive()
+        if cut_off.is_set():
+            raise _cut_off_error()
+        message = asyncio.ensure_future(receive())
+        cutting = asyncio.ensure_future(cut_off.wait())
+        try:
+            await asyncio.wait({message, cutting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cutting.cancel()
+            if not message.done():
+                message.cancel()
+        if not message.done() or message.cancelled():
+            raise _cut_off_error()
+        result = message.result()
+        body_done = result["type"] != "http.request" or not result.get("more_body", False)
+        return result
+
+    return receive_body
+
+
+def _cut_off_error() -> APIError:
+    error = shutting_down()
+    error.headers["connection"] = "close"
+    return error
 
 
 async def drain(state: ServerState, grace: float, hurry: Callable[[], bool] = lambda: False) -> int:
@@ -65,6 +99,7 @@ async def drain(state: ServerState, grace: float, hurry: Callable[[], bool] = la
     deadline = time.monotonic() + grace
     while state.in_flight and time.monotonic() < deadline and not hurry():
         await asyncio.sleep(POLL_SECONDS)
+    state.cut_off.set()  # bodies still arriving: 503
     aborted = 0
     if state.async_engine is not None:
         aborted = await state.async_engine.drain(0.0)
