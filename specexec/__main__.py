@@ -11,7 +11,9 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
+from types import FrameType
 
 from engine.cli import CliError, add_engine_arguments, apply_threads, engine_config_from_args
 from engine.generate_cli import add_generate_arguments
@@ -40,12 +42,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, stop_before_serving)  # the server takes the signal over once it listens
     from server.serve import run_server, server_config_from
 
     config, server_section = engine_config_from_args(args)
     apply_threads(config)
     run_server(config, server_config_from(args, server_section, args.config))
     return 0
+
+
+def stop_before_serving(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM while `serve` imports and configures, before uvicorn handles signals: a clean exit (0),
+    as after a drain, rather than death by the signal (143)."""
+    raise SystemExit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
