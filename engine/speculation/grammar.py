@@ -1,7 +1,12 @@
 """Structured output: a grammar compiled against the tokenizer (xgrammar) decides which tokens each
 tree node may take.
 
-`GrammarCache` compiles `StructuredOutput` specs, once per spec (LRU), for one tokenizer and vocabulary.
+`GrammarCache` compiles `StructuredOutput` specs, once per spec (LRU; one compile at a time per spec), for
+one tokenizer and vocabulary. A compiled grammar also stays while any spec object it was compiled for
+lives: a request validated by the server and still queued finds its grammar when it starts, however
+many others went through the LRU meanwhile (else the engine's own thread would compile it, and every
+running request would wait). JSON schemas are checked first for keywords the grammar engine would not
+enforce, and rewritten where it enforces them otherwise (engine/speculation/schema_support.py).
 `GrammarState` is one request's matcher. Its state is the grammar after every committed token (the
 tree's root is the last committed token, so the root's mask is the matcher's own). `bitmask` walks
 the paths of a tree's nodes with accept/rollback and returns to that state; `accept` advances it
@@ -15,13 +20,16 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections import OrderedDict
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.speculation.sampling import BITS_PER_WORD, unpack_allowed
+from engine.speculation.schema_support import enforceable
 from engine.speculation.tree import Tree
 from engine.types import StructuredOutput, StructuredOutputError
 
@@ -53,23 +61,77 @@ class GrammarCache:
         self.stop_token_ids = sorted(stop_token_ids)  # end the grammar (EOS); empty: the tokenizer's EOS
         self.max_entries = max_entries
         self._entries: OrderedDict[StructuredOutput, xgrammar.CompiledGrammar] = OrderedDict()
+        # spec -> [compiled, number of holds]: one hold per compile() call, released when that call's spec
+        # object is garbage; finalizers only append to `_released` (any thread), compile() applies them
+        self._held: dict[StructuredOutput, list[Any]] = {}
+        self._released: deque[StructuredOutput] = deque()
+        self._compiling: dict[StructuredOutput, Future[xgrammar.CompiledGrammar]] = {}
         self._compiler: xgrammar.GrammarCompiler | None = None
         self._lock = threading.Lock()
 
     def compile(self, spec: StructuredOutput) -> xgrammar.CompiledGrammar:
-        """The compiled grammar of `spec`; StructuredOutputError if it cannot be compiled."""
+        """The compiled grammar of `spec`, kept while `spec` (this object) lives; StructuredOutputError if
+        it cannot be compiled. A spec another thread is compiling waits for that compile."""
         with self._lock:
-            compiled = self._entries.get(spec)
+            self._apply_releases()
+            compiled = self._lookup(spec)
             if compiled is not None:
-                self._entries.move_to_end(spec)
+                self._hold(spec, compiled)
                 return compiled
             compiler = self._get_compiler()
-        compiled = compile_spec(compiler, spec)  # outside the lock: a large schema takes a while
+            pending = self._compiling.get(spec)
+            owner = pending is None
+            if pending is None:
+                pending = self._compiling[spec] = Future()
+        if not owner:
+            compiled = pending.result()  # the other compile's grammar, or its error
+        else:
+            compiled = self._compile_owned(compiler, spec, pending)
         with self._lock:
+            self._hold(spec, compiled)
+        return compiled
+
+    def _compile_owned(self, compiler: xgrammar.GrammarCompiler, spec: StructuredOutput,
+                       pending: Future[xgrammar.CompiledGrammar]) -> xgrammar.CompiledGrammar:
+        try:
+            compiled = compile_spec(compiler, spec)  # outside the lock: a large schema takes a while
+        except BaseException as exc:
+            with self._lock:
+                del self._compiling[spec]
+            pending.set_exception(exc)
+            raise
+        with self._lock:
+            del self._compiling[spec]
             self._entries[spec] = compiled
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
+        pending.set_result(compiled)
         return compiled
+
+    def _lookup(self, spec: StructuredOutput) -> xgrammar.CompiledGrammar | None:
+        """Under the lock: the LRU's entry (now the most recent), else a held one."""
+        compiled = self._entries.get(spec)
+        if compiled is not None:
+            self._entries.move_to_end(spec)
+            return compiled
+        held = self._held.get(spec)
+        return None if held is None else held[0]
+
+    def _hold(self, spec: StructuredOutput, compiled: xgrammar.CompiledGrammar) -> None:
+        """Under the lock: keep `compiled` until this `spec` object is garbage."""
+        key = StructuredOutput(spec.kind, spec.spec)  # an equal copy: a key must not keep `spec` alive
+        entry = self._held.setdefault(key, [compiled, 0])
+        entry[1] += 1
+        weakref.finalize(spec, self._released.append, key)
+
+    def _apply_releases(self) -> None:
+        """Under the lock: drop the holds of spec objects that are gone."""
+        while self._released:
+            key = self._released.popleft()
+            entry = self._held[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._held[key]
 
     def new_state(self, spec: StructuredOutput, device: torch.device) -> GrammarState:
         return GrammarState(self.compile(spec), self.vocab_size, device)
@@ -109,9 +171,11 @@ def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> 
         if spec.kind == "json_object":
             return compiler.compile_json_schema('{"type": "object"}', strict_mode=False, **json_format)
         if spec.kind == "json_schema":
-            json.loads(spec.spec)  # a clearer message than the compiler's for text that is not JSON
-            return compiler.compile_json_schema(spec.spec, strict_mode=True, **json_format)
+            schema = enforceable(json.loads(spec.spec))  # not JSON: a clearer message than the compiler's
+            return compiler.compile_json_schema(json.dumps(schema), strict_mode=True, **json_format)
         return compiler.compile_regex(spec.spec)
+    except StructuredOutputError:
+        raise
     except (RuntimeError, ValueError) as exc:
         raise compile_error(spec, exc) from None
 
