@@ -11,14 +11,21 @@ requests filled it and a 4-token completion waited 40 s behind them. Here each k
   LARGE_WAITING jobs waiting. Past that a request is refused at once with a 429 (`server_busy`, Retry-After)
   rather than queued behind work of unknown length.
 
-A grammar compile may take at most `grammar_timeout` seconds of its own (its wait in the lane not counted):
-past that the request is a 400 naming the field. The compile cannot be interrupted; it finishes in the
-background, still holding its worker, and lands in the engine's grammar cache.
+The threads of the large lanes and of the grammar lanes run at a lower CPU priority (nice +WORKER_NICE,
+Linux; threads they start, such as xgrammar's compile threads, inherit it): when cores are short, the
+engine's thread, the event loop and the small lane run first, so preparing one large request slows
+neither the tokens of others nor the preparation of small ones.
+
+A grammar compile may wait at most `grammar_timeout` seconds for a worker (then a 429) and take at most
+`grammar_timeout` seconds of its own: past that the request is a 400 naming the field. The compile cannot
+be interrupted; it finishes in the background, still holding its worker, and lands in the engine's
+grammar cache.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -35,6 +42,7 @@ SMALL_WORKERS = 4
 SMALL_GRAMMAR_WORKERS = 2
 LARGE_WAITING = 4  # large jobs that may wait for a lane's worker; more are refused (429)
 BUSY_RETRY_SECONDS = 5
+WORKER_NICE = 10
 
 
 class PreparationTimeout(Exception):
@@ -51,9 +59,10 @@ class DaemonPool:
     """A fixed set of daemon worker threads: unlike ThreadPoolExecutor's, a job still running (a compile
     past its time limit) does not hold up the process's exit."""
 
-    def __init__(self, workers: int, name: str):
+    def __init__(self, workers: int, name: str, nice: int = 0):
         self.workers = workers
         self.name = name
+        self.nice = nice  # added to the nice value of each worker thread
         self._jobs: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []  # started by the first submit
 
@@ -68,6 +77,8 @@ class DaemonPool:
         return future
 
     def _work(self) -> None:
+        if self.nice:
+            lower_priority(self.nice)
         while (item := self._jobs.get()) is not None:
             future, fn, args = item
             if not future.set_running_or_notify_cancel():
@@ -90,21 +101,29 @@ class DaemonPool:
             self._jobs.put(None)
 
 
+def lower_priority(nice: int) -> None:
+    """This thread's nice value +`nice` where threads have their own (Linux); elsewhere nothing."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    except (AttributeError, OSError):
+        pass
+
+
 class Lane:
     """A thread pool with an admission bound: at most `workers + max_waiting` jobs admitted and not yet
     finished (a job that ran past its caller's time limit counts until it ends); None: unbounded."""
 
-    def __init__(self, name: str, workers: int, max_waiting: int | None):
+    def __init__(self, name: str, workers: int, max_waiting: int | None, nice: int = 0):
         self.name = name
         self.workers = workers
         self.max_waiting = max_waiting
-        self._pool = DaemonPool(workers, f"specexec-{name}")
+        self._pool = DaemonPool(workers, f"specexec-{name}", nice)
         self._lock = threading.Lock()
         self.num_admitted = 0  # jobs submitted and not yet finished (or cancelled before they began)
 
     async def run(self, fn: Callable[..., T], *args: object, time_limit: float | None = None) -> T:
-        """fn(*args) in a worker; a 429 if the lane is full; PreparationTimeout past `time_limit` seconds
-        counted from the moment the job starts."""
+        """fn(*args) in a worker; a 429 if the lane is full, or if the job waits `time_limit` seconds
+        for a worker; PreparationTimeout past `time_limit` seconds counted from the moment it starts."""
         with self._lock:
             if self.max_waiting is not None and self.num_admitted >= self.workers + self.max_waiting:
                 raise server_busy(self.name)
@@ -122,7 +141,7 @@ class Lane:
             self._release()
             raise
         future.add_done_callback(self._release)  # also when cancelled before it began
-        return await _wait(asyncio.wrap_future(future), started, time_limit)
+        return await _wait(future, started, time_limit, self.name)
 
     def _release(self, _: Future | None = None) -> None:
         with self._lock:
@@ -132,14 +151,19 @@ class Lane:
         self._pool.shutdown()
 
 
-async def _wait(result: asyncio.Future[T], started: asyncio.Future[None], time_limit: float | None) -> T:
+async def _wait(future: Future[T], started: asyncio.Future[None], time_limit: float | None, lane: str) -> T:
+    """The job's result; with a time limit, it may wait at most that long for a worker (then 429, the
+    job dropped) and run at most that long (then PreparationTimeout). Cancelled: a job not begun is dropped."""
+    result = asyncio.wrap_future(future)
     if time_limit is None:
         return await result
     try:
-        await asyncio.wait([result, started], return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait([result, started], timeout=time_limit, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
-        result.cancel()  # not begun: dropped from the queue
+        future.cancel()
         raise
+    if not done and future.cancel():  # still queued: dropped (else it began just now: let it run)
+        raise server_busy(lane)
     try:
         return await asyncio.wait_for(asyncio.shield(result), time_limit)
     except TimeoutError:
@@ -157,9 +181,9 @@ class Preparation:
     def __init__(self, grammar_timeout: float):
         self.grammar_timeout = grammar_timeout
         self.small = Lane("prepare-small", SMALL_WORKERS, None)
-        self.large = Lane("prepare-large", 1, LARGE_WAITING)
-        self.small_grammar = Lane("grammar-small", SMALL_GRAMMAR_WORKERS, None)
-        self.large_grammar = Lane("grammar-large", 1, LARGE_WAITING)
+        self.large = Lane("prepare-large", 1, LARGE_WAITING, WORKER_NICE)
+        self.small_grammar = Lane("grammar-small", SMALL_GRAMMAR_WORKERS, None, WORKER_NICE)
+        self.large_grammar = Lane("grammar-large", 1, LARGE_WAITING, WORKER_NICE)
 
     def lane(self, body_bytes: int) -> Lane:
         """The lane for preparing a request whose body has `body_bytes` bytes."""

@@ -50,8 +50,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seconds running requests get to finish after SIGTERM/SIGINT before they are "
                             "ended (default 10)")
     group.add_argument("--grammar-timeout", type=float, default=None,
-                       help="seconds a request's JSON schema or regex may take to compile; longer ones get a 400 "
-                            "(default 10)")
+                       help="seconds a request's JSON schema or regex may take to compile (longer: 400), and "
+                            "may wait for a compile thread (longer: 429) (default 10)")
 
 
 def server_config_from(args: argparse.Namespace | None, toml_section: dict | None,

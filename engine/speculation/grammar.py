@@ -18,6 +18,7 @@ xgrammar is imported on first use: a server that never sees a grammar never load
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import weakref
@@ -144,8 +145,15 @@ class GrammarCache:
             import xgrammar
 
             info = tokenizer_info(self.tokenizer, self.vocab_size, self.stop_token_ids)
-            self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)  # this class is the cache
+            # this class is the cache; half the cores at most, so a long compile leaves the engine its own
+            self._compiler = xgrammar.GrammarCompiler(info, max_threads=compile_threads(), cache_enabled=False)
         return self._compiler
+
+
+def compile_threads() -> int:
+    """xgrammar's threads per compile: half the usable cores (at least one, at most its default 8)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+    return max(1, min(8, cores // 2))
 
 
 def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> xgrammar.TokenizerInfo:

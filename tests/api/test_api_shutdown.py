@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +28,7 @@ from server.app import build_app
 from server.config import ServerConfig
 from server.http_protocol import h11_protocol_with_header_timeout
 from server.shutdown import DrainingServer
-from tests.api.conftest import free_port, run_uvicorn
+from tests.api.conftest import free_port, run_uvicorn, serve_command
 from tests.helpers.fake_engine import FakeEngine
 from tests.helpers.sse_helpers import parse_sse
 
@@ -142,6 +145,28 @@ def test_second_signal_ends_the_grace_period(drainable) -> None:
     assert not srv.thread.is_alive()
 
 
+def test_a_body_still_arriving_when_the_grace_period_ends_gets_503(drainable,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    srv = drainable(FakeEngine(), shutdown_timeout=0.5)
+    port = int(srv.url.rsplit(":", 1)[1])
+    with caplog.at_level(logging.ERROR), socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100000\r\n\r\n" + b'{"prompt": "' + b"x" * 1000)
+        time.sleep(0.2)
+        srv.server.handle_exit(signal.SIGTERM, None)
+        reply = b""
+        while b'"}}' not in reply:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 503"), reply[:300]
+    assert b"server_shutting_down" in reply and b"connection: close" in reply.lower()
+    srv.thread.join(30)
+    assert not srv.thread.is_alive()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
 def test_async_engine_drain() -> None:
     def request(request_id: str, max_tokens: int) -> Request:
         return Request(request_id, [1, 2], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
@@ -219,3 +244,16 @@ def test_live_signal_drains_streams_and_exits_cleanly(start_serve, sig: signal.S
     log = server.log_path.read_text(errors="replace")
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
     assert "shutting down: aborted" in log
+
+
+@pytest.mark.parametrize("delay", [0.3, 2.0])
+def test_sigterm_before_the_server_listens_exits_0(tiny_pair, tmp_path, delay: float) -> None:
+    target, draft = tiny_pair
+    cmd = [*serve_command(), "--target", str(target), "--draft", str(draft), "--port", str(free_port())]
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    time.sleep(delay)  # importing torch and transformers takes longer than this
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    assert "Traceback" not in log.read_text(errors="replace")

@@ -1,0 +1,158 @@
+"""The server's preparation lanes (server/preparation.py): a small request never waits behind large ones,
+large work is admitted up to a bound (then 429), a grammar compile is limited in time (400) and in its
+wait for a worker (429)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import httpx
+import pytest
+
+from engine.types import StructuredOutput
+from server.preparation import SMALL_BODY_BYTES, Lane, Preparation, PreparationTimeout, lower_priority
+from tests.api.test_api_app import CHAT, PROMPT, assert_openai_error
+from tests.helpers.fake_engine import FakeEngine
+
+SLOW_SECONDS = 2.0  # one large preparation in these tests
+
+
+def test_lane_admits_workers_plus_waiting_then_429() -> None:
+    async def main() -> None:
+        lane = Lane("test", workers=1, max_waiting=1)
+        release = threading.Event()
+        first = asyncio.create_task(lane.run(release.wait, 10))
+        second = asyncio.create_task(lane.run(lambda: "second"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Exception) as info:
+            await lane.run(lambda: "third")
+        assert info.value.status == 429 and info.value.code == "server_busy"
+        assert info.value.headers["Retry-After"]
+        release.set()
+        assert await first is True and await second == "second"
+        assert lane.num_admitted == 0
+        assert await lane.run(lambda: "again") == "again"
+        lane.shutdown()
+
+    asyncio.run(main())
+
+
+def test_time_limit_counts_from_the_start_and_the_job_keeps_its_worker() -> None:
+    async def main() -> None:
+        lane = Lane("test", workers=1, max_waiting=4)
+        blocker = threading.Event()
+        running = asyncio.create_task(lane.run(blocker.wait, 10))
+        await asyncio.sleep(0.05)
+        queued = asyncio.create_task(lane.run(time.sleep, 0.3, time_limit=1.0))
+        await asyncio.sleep(0.5)  # waiting for the worker: not counted
+        blocker.set()
+        await running
+        assert await queued is None  # 0.3 s of its own, within 1 s
+        with pytest.raises(PreparationTimeout):
+            await lane.run(time.sleep, 1.0, time_limit=0.2)
+        assert lane.num_admitted == 1  # the timed-out job still holds its worker
+        await asyncio.sleep(1.0)
+        assert lane.num_admitted == 0
+        lane.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_job_that_cannot_start_within_the_limit_is_dropped_with_429() -> None:
+    async def main() -> None:
+        lane = Lane("test", workers=1, max_waiting=4)
+        ran: list[str] = []
+        blocker = threading.Event()
+        busy = asyncio.create_task(lane.run(blocker.wait, 10))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Exception) as info:
+            await lane.run(ran.append, "late", time_limit=0.2)
+        assert info.value.status == 429
+        blocker.set()
+        await busy
+        await asyncio.sleep(0.1)
+        assert ran == [] and lane.num_admitted == 0
+        lane.shutdown()
+
+    asyncio.run(main())
+
+
+def test_lanes_by_size_and_worker_threads_are_daemons_at_lower_priority() -> None:
+    prep = Preparation(grammar_timeout=1.0)
+    assert prep.lane(SMALL_BODY_BYTES) is prep.small and prep.lane(SMALL_BODY_BYTES + 1) is prep.large
+
+    async def main() -> tuple[bool, int]:
+        def probe() -> tuple[bool, int]:
+            return threading.current_thread().daemon, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+        return await prep.large.run(probe)
+
+    daemon, nice = asyncio.run(main())
+    assert daemon and nice >= os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    prep.shutdown()
+
+
+def test_lower_priority_changes_only_the_calling_thread() -> None:
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: list[int] = []
+
+    def worker() -> None:
+        lower_priority(5)
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    assert seen[0] in (before, min(before + 5, 19))  # unchanged where threads have no nice value of their own
+
+
+def test_a_small_request_does_not_wait_behind_six_large_ones(fake_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = FakeEngine(max_context=10**7)
+    srv = fake_server(engine, max_queue=16)
+    real_encode = engine.tokenizer.encode
+
+    def encode(text: str, **kwargs: object) -> list[int]:  # large prompts take seconds to tokenize
+        if len(text) > SMALL_BODY_BYTES:
+            time.sleep(SLOW_SECONDS)
+        return real_encode(text[:100], **kwargs)
+
+    monkeypatch.setattr(engine.tokenizer, "encode", encode)
+    big = {**PROMPT, "prompt": "word " * (SMALL_BODY_BYTES // 4), "max_tokens": 3}
+    answers: list[int] = []
+    workers = [threading.Thread(target=lambda: answers.append(
+        httpx.post(srv.url + "/v1/completions", json=big, timeout=60).status_code)) for _ in range(6)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.5)
+    begin = time.monotonic()
+    small = httpx.post(srv.url + "/v1/completions", json={**PROMPT, "max_tokens": 3}, timeout=60)
+    waited = time.monotonic() - begin
+    assert small.status_code == 200 and waited < SLOW_SECONDS / 2, waited
+    for worker in workers:
+        worker.join(60)
+    assert sorted(answers) == [200] * 5 + [429]  # one worker and four waiting; the sixth is refused at once
+
+
+def test_a_grammar_that_compiles_too_long_is_400_naming_the_field(fake_server,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = FakeEngine()
+    srv = fake_server(engine, grammar_timeout=0.3)
+    real = engine.validate_structured_output
+
+    def slow(spec: StructuredOutput) -> None:
+        if "slow" in spec.spec:
+            time.sleep(1.0)
+        real(spec)
+
+    monkeypatch.setattr(engine, "validate_structured_output", slow)
+    schema = {"type": "object", "properties": {"slow": {"type": "integer"}}}
+    body = {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    error = assert_openai_error(httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30), 400)
+    assert error["param"] == "response_format" and error["code"] == "grammar_too_complex"
+    assert "0.3 seconds" in error["message"]
+    fast = {**body, "response_format": {"type": "json_object"}}
+    assert httpx.post(srv.url + "/v1/chat/completions", json=fast, timeout=30).status_code == 200
