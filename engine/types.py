@@ -122,6 +122,7 @@ class StepStats:
     batch_size: int = 1  # requests whose trees the pass scored
     pass_tokens: int = 0  # tokens the pass scored: every request's tree and prompt tokens prefilled in it
     expected_accepted: float | None = None  # E[num_accepted | this tree] (sample-and-match); None: not known
+    overlap_seconds: float = 0.0  # draft work beside the target pass (overlap), within target_seconds
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class PassStats:
     draft_seconds: float
     target_seconds: float
     step_seconds: float
+    overlap_seconds: float = 0.0  # draft work beside the target pass, within target_seconds
 
 
 @dataclass

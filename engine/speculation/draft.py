@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import SpeculationConfig
+from engine.model.faults import request_error
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner, Segment
 from engine.speculation.sampling import apply_logit_bias, process_logits
@@ -158,23 +159,30 @@ def grow_tree(
     proposing its top-w children; keep the `budget` best nodes by cumulative draft log-prob. With
     `mask`, children it forbids are never proposed. With a `seed` (a tree already grown under this
     root while the target scored the last one, engine.speculation.overlap) growth goes on from it for
-    at most `seeded_forwards` draft forwards."""
-
-    def expand(tree: Tree, selected: torch.Tensor) -> Generator[Segment, torch.Tensor, torch.Tensor]:
-        logits = yield from drafter.expand(tree, selected)
-        return draft_log_probs(logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale)
-
+    the forwards a fresh tree would get less those the extension spent on it, at least `seeded_forwards`."""
+    expand = scored_expand(drafter, params, spec)
     if seed is not None and not pending_ids:
         tree = reoffer(drafter.adopt(trim(seed, limits.budget + 1, limits.max_depth)), spec, limits)
-        return (yield from best_first_search(
-            tree, tree.draft_slots >= 0, expand, spec, limits, drafter.room, mask, seeded_forwards
-        ))
+        # the forwards a fresh tree gets, less those its extension already spent (a long pass: few)
+        forwards = max(seeded_forwards, limits.max_depth - 1 - seed.extension_forwards)
+        return (yield from best_first_search(tree, tree.draft_slots >= 0, expand, spec, limits, drafter.room, mask,
+                                             forwards))
     root_logits = yield from drafter.catch_up(pending_ids, root_id)
     tree = root_tree(root_id, drafter.cache.length, root_logits.device)
     root_log_probs = draft_log_probs(
         root_logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale
     )
     return (yield from search_from_root(tree, root_log_probs, expand, spec, limits, drafter.room, mask))
+
+
+def scored_expand(drafter: Drafter, params: SamplingParams, spec: SpeculationConfig) -> ExpandFn:
+    """expand(tree, selected) for best-first search: the drafter's forward, as draft_log_probs."""
+
+    def expand(tree: Tree, selected: torch.Tensor) -> Generator[Segment, torch.Tensor, torch.Tensor]:
+        logits = yield from drafter.expand(tree, selected)
+        return draft_log_probs(logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale)
+
+    return expand
 
 
 def search_from_root(
@@ -209,7 +217,8 @@ def best_first_search(
     """Best-first growth of `tree` (expanded: [n] bool) for at most `max_forwards` draft forwards, or
     until `stop()` says so between forwards. expand(tree, selected [k]) yields its forward and returns
     [k, vocab] draft log-probs; mask: every expanded node's log-probs are conditioned on what it allows."""
-    for _ in range(max_forwards):
+    num_forwards = 0
+    for num_forwards in range(max_forwards):  # noqa: B007  # the count is read after the loop
         if stop is not None and stop():
             break
         selected = select_leaves(tree, expanded, spec.max_expand, limits, room())
@@ -221,6 +230,9 @@ def best_first_search(
             log_probs = renormalise(log_probs, mask(tree, selected))
         tree, expanded = add_best_children(tree, expanded, selected, *propose(log_probs, spec.max_children),
                                            spec.decay, limits.budget)
+    else:
+        num_forwards = max_forwards
+    tree.extension_forwards = num_forwards if stop is not None else 0
     return tree
 
 
@@ -375,11 +387,13 @@ def append_children(tree: Tree, parents: torch.Tensor, token_ids: torch.Tensor, 
     )
 
 
-def run_growths(growths: list[tuple[DecoderRunner | None, Growth]]) -> list[Tree]:
+def run_growths(growths: list[tuple[DecoderRunner | None, Growth]]) -> list[Tree | Exception]:
     """Advance every (runner, growth) in lockstep; returns their trees. Each round, the forwards the
     growths ask for run as one draft pass per runner, one segment each over its own cache (dense work
-    shared, attention per segment). A growth that asks for none (runner may then be None) just returns."""
-    trees: list[Tree | None] = [None] * len(growths)
+    shared, attention per segment). A growth that asks for none (runner may then be None) just returns.
+    A growth that raises ends with its exception in its place (a device fault is raised: the engine's);
+    the others go on. A failing draft pass raises."""
+    trees: list[Tree | Exception | None] = [None] * len(growths)
     asks: dict[int, Segment] = {}
 
     def advance(index: int, logits: torch.Tensor | None) -> None:
@@ -387,6 +401,8 @@ def run_growths(growths: list[tuple[DecoderRunner | None, Growth]]) -> list[Tree
             asks[index] = growths[index][1].send(logits)  # type: ignore[arg-type]  # None starts it
         except StopIteration as done:
             trees[index] = done.value
+        except Exception as exc:
+            trees[index] = request_error(exc)
 
     for index in range(len(growths)):
         advance(index, None)
@@ -403,4 +419,7 @@ def run_growths(growths: list[tuple[DecoderRunner | None, Growth]]) -> list[Tree
 
 
 def run_growth(runner: DecoderRunner | None, growth: Growth) -> Tree:
-    return run_growths([(runner, growth)])[0]
+    tree = run_growths([(runner, growth)])[0]
+    if isinstance(tree, Exception):
+        raise tree
+    return tree

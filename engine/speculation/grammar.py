@@ -134,6 +134,18 @@ class GrammarState:
         """The grammar took its stop token: the output is complete."""
         return self.matcher.is_terminated()
 
+    def check_live(self) -> None:
+        """Raise StructuredOutputError when the grammar allows no token after the committed ones (an
+        empty language, e.g. a schema that only refers to itself): the request cannot go on."""
+        if self.terminated:
+            return
+        self._fill([()] if () not in self._rows else [])
+        if not bool(self._rows[()].any()):
+            raise StructuredOutputError(
+                "the structured output's grammar allows no token here: its language is empty (e.g. a "
+                "schema that only refers to itself, or a regex that matches nothing)"
+            )
+
     def bitmask(self, tree: Tree, nodes: torch.Tensor | None = None) -> torch.Tensor:
         """[k, ceil(vocab / 32)] int32 on the device: the packed masks of the tokens the grammar allows
         after each of `nodes` ([k] node indices; None: every node), from each node's own path. A node

@@ -21,6 +21,7 @@ class Tree:
     # subtree can offer them again. [n, w] draft log-probs (-inf at unexpanded nodes) and token ids.
     child_lp: torch.Tensor | None = None
     child_ids: torch.Tensor | None = None
+    extension_forwards: int = 0  # draft forwards an extension spent growing this tree during a pass (overlap)
 
     @property
     def num_nodes(self) -> int:
@@ -115,6 +116,7 @@ def keep_nodes(tree: Tree, nodes: torch.Tensor) -> Tree:
         draft_slots=tree.draft_slots[nodes],
         child_lp=None if tree.child_lp is None else tree.child_lp[nodes],
         child_ids=None if tree.child_ids is None else tree.child_ids[nodes],
+        extension_forwards=tree.extension_forwards,
     )
 
 
