@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+
+from tests.helpers.polling import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -108,12 +109,10 @@ def test_disconnect_frees_the_request_within_one_step(live_server, client: opena
             if events == 3:  # the role chunk and 2 content chunks
                 break
     # the connection is closed here; the engine must let go of the request
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        after = httpx.get(f"{url}/metrics").text
-        if metric(after, "specexec_aborted_requests_total") > metric(before, "specexec_aborted_requests_total"):
-            break
-        time.sleep(0.05)
+    aborted_before = metric(before, "specexec_aborted_requests_total")
+    wait_until(lambda: metric(httpx.get(f"{url}/metrics").text, "specexec_aborted_requests_total") > aborted_before,
+               "the abort")
+    after = httpx.get(f"{url}/metrics").text
     assert metric(after, "specexec_requests_running") == 0.0
     assert metric(after, "specexec_queue_depth") == 0.0
     aborts = metric(after, "specexec_abort_lag_steps_count") - metric(before, "specexec_abort_lag_steps_count")

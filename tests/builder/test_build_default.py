@@ -61,6 +61,7 @@ def _check_pair(out: Path) -> None:
     assert "Fill-in-the-middle" in card and "<|fim_prefix|>" in card
 
 
+@pytest.mark.slow
 def test_toy_build_outputs_load(toy_build: Path) -> None:
     _check_pair(toy_build)
 

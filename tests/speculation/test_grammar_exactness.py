@@ -92,7 +92,7 @@ def prompts(engine: Engine) -> list[list[int]]:
     return [engine.tokenizer.encode("def add(a, b):"), engine.tokenizer.encode("Hello, world! The quick")]
 
 
-@pytest.mark.parametrize("method", ["specexec", "specinfer"])
+@pytest.mark.parametrize("method", [pytest.param("specexec", marks=pytest.mark.slow), "specinfer"])
 def test_constrained_greedy_equals_the_reference_loop(engines, target_model, method):
     spec = schema_spec(OBJECT_SCHEMA)
     mismatches, ties, finished = [], 0, 0
@@ -127,7 +127,7 @@ def run(engine: Engine, prompt: list[int], params: SamplingParams) -> tuple[str,
     return engine.tokenizer.decode(ids), finish, len(ids)
 
 
-@pytest.mark.parametrize("method", ["specexec", "specinfer"])
+@pytest.mark.parametrize("method", ["specexec", pytest.param("specinfer", marks=pytest.mark.slow)])
 def test_the_grammar_forces_schema_valid_output_from_a_random_model(engines, method):
     engine = engines[(method, 8)]
     prompt = prompts(engine)[0]
