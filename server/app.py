@@ -41,6 +41,7 @@ from server.security import HostCheckMiddleware, allowed_hosts, require_json
 from server.shutdown import DrainGate
 from server.sse import stream_response
 from server.state import EngineLoader, ServerState, default_loader
+from server.toolcalls.plan import ToolPlan
 
 
 def build_app(
@@ -172,7 +173,9 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
     plan = prompt.tool_plan(req)  # None: no tool calls to read (server/toolcalls/plan.py)
     prompt_ids = await asyncio.to_thread(prompt.prompt_ids, req, plan)
     params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
-    await check_structured_output(state, req)
+    await check_structured_output(state, req, plan)
+    if plan is not None:  # the calls' grammar (with "auto", it holds the reply's response_format too)
+        params = dataclasses.replace(params, structured_output=plan.grammar)
     if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
         params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)
     env = Envelope(chat, state.response_model(req.model), state.fingerprint)
@@ -192,10 +195,10 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
     return await collect_response(request, gens, env)
 
 
-async def check_structured_output(state: ServerState, req: SamplingRequest) -> None:
+async def check_structured_output(state: ServerState, req: SamplingRequest, plan: ToolPlan | None = None) -> None:
     """Compile the request's grammar (cached for the engine) off the event loop; one the engine cannot
-    compile is a 400 naming the field that asked for it."""
-    grammar = req.structured_output()
+    compile is a 400 naming the field that asked for it (`tools` for the calls' grammar)."""
+    grammar = ("tools", plan.grammar) if plan is not None else req.structured_output()
     if grammar is None or state.engine is None:
         return
     param, spec = grammar

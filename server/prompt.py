@@ -68,7 +68,7 @@ class PromptBuilder:
         return plan_tools(self.tools, request) if isinstance(request, ChatCompletionRequest) else None
 
     def render_chat(self, messages: list[ChatMessage], plan: ToolPlan | None = None) -> str:
-        """The prompt text; with a tool plan, the tools rendered and the plan's prefill appended."""
+        """The prompt text; with a tool plan, the tools rendered."""
         tools = {"tools": plan.tools} if plan is not None else {}
         try:
             text = self.tokenizer.apply_chat_template(
@@ -77,7 +77,7 @@ class PromptBuilder:
             )
         except jinja2.TemplateError as exc:
             raise invalid_request(f"The chat template rejected the messages: {exc}", "messages") from None
-        return text + (plan.prefill if plan is not None else "")
+        return text
 
     def prompt_ids(self, request: SamplingRequest, plan: ToolPlan | None = None) -> list[int]:
         if isinstance(request, ChatCompletionRequest):
