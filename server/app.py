@@ -7,7 +7,8 @@ must be JSON and Host names loopback unless configured otherwise (server/securit
 capped (server/limits.py), and a shutdown drains requests in flight (server/shutdown.py).
 A generation request: parse (server/protocol.py) -> prompt ids and max tokens
 (server/prompt.py) -> `to_sampling_params` -> `Generation`, streamed (server/sse.py) or
-collected (server/generation.py).
+collected (server/generation.py). /v1/responses maps its body to a chat request and takes the same
+path (server/responses_api/).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from server.logprobs import LogprobFormat, TokenTexts
 from server.metrics import CONTENT_TYPE
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, parse_request
 from server.responses import Envelope
+from server.responses_api.routes import create_response, delete_response, get_response, list_input_items
+from server.responses_api.store import ResponseStore
 from server.security import HostCheckMiddleware, allowed_hosts, require_json
 from server.shutdown import DrainGate
 from server.sse import stream_response
@@ -70,6 +73,7 @@ def build_app(
 
     app = FastAPI(title="SpecExec Server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specexec = state
+    app.state.response_store = ResponseStore()  # stored /v1/responses (server/responses_api/store.py)
     install_error_handlers(app)
     app.add_middleware(DrainGate, state=state)  # middlewares added later wrap the earlier ones
     if server_config.cors_origins:
@@ -116,6 +120,10 @@ def _v1_router() -> APIRouter:
     json_body = [Depends(require_json)]  # after the API key check
     router.add_api_route("/chat/completions", chat_completions, methods=["POST"], dependencies=json_body)
     router.add_api_route("/completions", completions, methods=["POST"], dependencies=json_body)
+    router.add_api_route("/responses", create_response, methods=["POST"], dependencies=json_body)
+    router.add_api_route("/responses/{response_id}", get_response, methods=["GET"])
+    router.add_api_route("/responses/{response_id}", delete_response, methods=["DELETE"])
+    router.add_api_route("/responses/{response_id}/input_items", list_input_items, methods=["GET"])
     return router
 
 
@@ -168,6 +176,16 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
     raw = await read_body(request, config.max_body_bytes, config.read_timeout)
     # parsing, templates and tokenization of a large body take seconds: off the event loop
     req = await asyncio.to_thread(parse_request, raw, ChatCompletionRequest if chat else CompletionRequest)
+    gens, env = await start_generations(state, req, chat, endpoint)
+    if req.stream:
+        return stream_response(gens, env, state.require_ready()[0], req.include_usage, config.ping_seconds)
+    return await collect_response(request, gens, env)
+
+
+async def start_generations(state: ServerState, req: SamplingRequest, chat: bool,
+                            endpoint: str) -> tuple[list[Generation], Envelope]:
+    """A parsed request's engine requests, submitted (one per choice): prompt ids and max tokens
+    (server/prompt.py), tool plan, grammar, sampling parameters. Shared by /v1/responses."""
     async_engine, prompt = state.require_ready()
     state.check_model(req.model)
     plan = prompt.tool_plan(req)  # None: no tool calls to read (server/toolcalls/plan.py)
@@ -189,10 +207,7 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
         return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,
                           tools=tools)
 
-    gens = start_choices(req.n or 1, params, start)
-    if req.stream:
-        return stream_response(gens, env, async_engine, req.include_usage, state.server_config.ping_seconds)
-    return await collect_response(request, gens, env)
+    return start_choices(req.n or 1, params, start), env
 
 
 async def check_structured_output(state: ServerState, req: SamplingRequest, plan: ToolPlan | None = None) -> None:

@@ -153,6 +153,22 @@ class Generation:
 async def collect_response(request: HTTPRequest, gens: list[Generation], env: Envelope) -> Response:
     """Non-streaming: gather each choice's text; a client that goes away, or a choice that fails,
     aborts every engine request of the response."""
+    texts = await collect_texts(request, gens, env.id)
+    if texts is None:
+        return Response(status_code=499)
+    choices = []
+    for index, (gen, text) in enumerate(zip(gens, texts, strict=True)):
+        assert gen.finish_reason is not None
+        content, calls = (text, None) if gen.tools is None else gen.tools.message(text)
+        reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
+        choices.append(env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls))
+    body = env.completion(choices, choices_usage(gens), choices_timings(gens))
+    return JSONResponse(body, headers={"x-request-id": env.id})
+
+
+async def collect_texts(request: HTTPRequest, gens: list[Generation], response_id: str) -> list[str] | None:
+    """Each choice's whole text; None when the client went away (every engine request aborted). A
+    choice that fails aborts the others and raises its HTTP error."""
 
     async def run(gen: Generation) -> str:
         return "".join([piece async for piece in gen.pieces()])
@@ -165,25 +181,17 @@ async def collect_response(request: HTTPRequest, gens: list[Generation], env: En
             if any(not task.cancelled() and task.exception() is not None for task in done):
                 break
             if await request.is_disconnected():
-                return Response(status_code=499)
-        texts = [task.result() for task in tasks]  # raises the first failure
+                return None
+        return [task.result() for task in tasks]  # raises the first failure
     except Exception as exc:
         error = generation_error(exc)
         if error.status == 500:
-            log.exception("request %s failed", env.id)
+            log.exception("request %s failed", response_id)
         raise error from None
     finally:
         for task in tasks:
             if not task.done():
                 task.cancel()
-    choices = []
-    for index, (gen, text) in enumerate(zip(gens, texts, strict=True)):
-        assert gen.finish_reason is not None
-        content, calls = (text, None) if gen.tools is None else gen.tools.message(text)
-        reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
-        choices.append(env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls))
-    body = env.completion(choices, choices_usage(gens), choices_timings(gens))
-    return JSONResponse(body, headers={"x-request-id": env.id})
 
 
 def choices_usage(gens: list[Generation]) -> dict[str, Any]:
