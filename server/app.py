@@ -14,7 +14,6 @@ path (server/responses_api/).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -25,26 +24,21 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from engine.config import EngineConfig
-from engine.types import GenerationEngine, SamplingParams, StructuredOutputError
-from engine.types import Request as EngineRequest
-from server.choices import choice_request_id, start_choices
+from engine.types import GenerationEngine
 from server.config import ServerConfig
-from server.detok import TextStream
-from server.errors import APIError, authentication_error, install_error_handlers, invalid_request
-from server.generation import Generation, collect_response
+from server.errors import APIError, authentication_error, install_error_handlers
+from server.generation import collect_response
 from server.infill import infill
 from server.limits import read_body
-from server.logprobs import LogprobFormat, TokenTexts
 from server.metrics import CONTENT_TYPE
-from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, parse_request
-from server.responses import Envelope
+from server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from server.responses_api.routes import create_response, delete_response, get_response, list_input_items
 from server.responses_api.store import ResponseStore
 from server.security import HostCheckMiddleware, allowed_hosts, require_json
 from server.shutdown import DrainGate
 from server.sse import stream_response
+from server.start import start_generations
 from server.state import EngineLoader, ServerState, default_loader
-from server.toolcalls.plan import ToolPlan
 
 
 def build_app(
@@ -180,44 +174,3 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
     if req.stream:
         return stream_response(gens, env, state.require_ready()[0], req.include_usage, config.ping_seconds)
     return await collect_response(request, gens, env)
-
-
-async def start_generations(state: ServerState, req: SamplingRequest, chat: bool,
-                            endpoint: str) -> tuple[list[Generation], Envelope]:
-    """A parsed request's engine requests, submitted (one per choice): prompt ids and max tokens
-    (server/prompt.py), tool plan, grammar, sampling parameters. Shared by /v1/responses."""
-    async_engine, prompt = state.require_ready()
-    state.check_model(req.model)
-    plan = prompt.tool_plan(req)  # None: no tool calls to read (server/toolcalls/plan.py)
-    prompt_ids = await asyncio.to_thread(prompt.prompt_ids, req, plan)
-    params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
-    await check_structured_output(state, req, plan)
-    if plan is not None:  # the calls' grammar (with "auto", it holds the reply's response_format too)
-        params = dataclasses.replace(params, structured_output=plan.grammar)
-    if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
-        params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)
-    env = Envelope(chat, state.response_model(req.model), state.fingerprint)
-    texts = None if params.logprobs is None else TokenTexts(prompt.tokenizer)
-
-    def start(index: int, choice: SamplingParams) -> Generation:
-        text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=None if plan is None else plan.drop_ids)
-        logprobs = None if texts is None else LogprobFormat(texts, chat)
-        tools = None if plan is None else plan.output(eager=bool(req.stream))
-        engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice)
-        return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,
-                          tools=tools)
-
-    return start_choices(req.n or 1, params, start), env
-
-
-async def check_structured_output(state: ServerState, req: SamplingRequest, plan: ToolPlan | None = None) -> None:
-    """Compile the request's grammar (cached for the engine) off the event loop; one the engine cannot
-    compile is a 400 naming the field that asked for it (`tools` for the calls' grammar)."""
-    grammar = ("tools", plan.grammar) if plan is not None else req.structured_output()
-    if grammar is None or state.engine is None:
-        return
-    param, spec = grammar
-    try:
-        await asyncio.to_thread(state.engine.validate_structured_output, spec)
-    except StructuredOutputError as exc:
-        raise invalid_request(f"Invalid '{param}': {exc}.", param, "invalid_value") from None

@@ -27,6 +27,7 @@ from server.limits import read_body
 from server.responses_api.output import OutputItems, ResponseHead, new_id, response_fields, usage
 from server.responses_api.request import chat_request, input_items, parse_responses
 from server.responses_api.store import ResponseStore, StoredResponse
+from server.start import start_generations
 from server.state import ServerState
 from server.toolcalls.output import Delta
 
@@ -47,8 +48,6 @@ async def create_response(request: Request) -> Response:
 
 
 async def _create(request: Request, state: ServerState) -> Response:
-    from server.app import start_generations  # the chat path (server/app.py imports this module)
-
     config = state.server_config
     raw = await read_body(request, config.max_body_bytes, config.read_timeout)
     req = await asyncio.to_thread(parse_responses, raw)
