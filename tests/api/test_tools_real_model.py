@@ -11,6 +11,8 @@ closes the string; the grammar allows both.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -138,3 +140,29 @@ def test_responses_api_on_the_real_model(qwen_server: Any) -> None:
         model="tiny-qwen", previous_response_id=first.id, tools=tools, temperature=0, max_output_tokens=24,
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21 C"} for call in calls])
     assert second.status in ("completed", "incomplete") and second.usage.input_tokens > first.usage.input_tokens
+
+
+VERCEL_AI = Path(__file__).resolve().parents[1] / "clients" / "vercel_ai"
+
+
+def test_vercel_ai_sdk_default_provider(qwen_server: Any) -> None:
+    """`openai(id)` of @ai-sdk/openai (the Responses API): generateText, streamText, a forced tool call and
+    the tool result round trip (tests/clients/vercel_ai/check.mjs)."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    if not (VERCEL_AI / "node_modules" / "ai").is_dir():
+        pytest.skip("the Vercel AI SDK is not installed: npm install --prefix tests/clients/vercel_ai")
+    result = subprocess.run(["node", "check.mjs", qwen_server.url + "/v1", "tiny-qwen"], cwd=VERCEL_AI,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    cases = {case["case"]: case for case in map(json.loads, result.stdout.splitlines())}
+    assert cases["generateText"]["finishReason"] in ("stop", "length")
+    assert cases["generateText"]["usage"]["inputTokens"] > 0
+    assert "".join(cases["streamText"]["deltas"]) == cases["streamText"]["text"]
+    calls = cases["toolCall"]["toolCalls"]
+    assert cases["toolCall"]["finishReason"] == "tool-calls" and [c["toolName"] for c in calls] == ["get_weather"]
+    jsonschema.validate(calls[0]["input"], SCHEMAS["get_weather"] | {"required": ["city", "unit"]})
+    assert cases["toolResult"]["finishReason"] in ("stop", "length")
+    items = client_for(qwen_server).responses.input_items.list(cases["toolResult"]["responseId"]).data
+    assert [item.type for item in items] == ["message", "function_call", "function_call_output"]
+    assert items[1].call_id == items[2].call_id == calls[0]["toolCallId"] and "21 C, sunny" in str(items[2].output)
