@@ -107,10 +107,13 @@ class Generation:
         raise GenerationFailed("the engine stream ended without a final delta")
 
     def _keep_logprobs(self, delta: TokenDelta, num_consumed: int) -> None:
-        """The logprobs of the tokens the text consumed (up to a stop string's last token)."""
+        """The logprobs of the tokens the text consumed (up to a stop string's last token), except
+        special tokens the text leaves out (so entries and text offsets follow the text)."""
         if self._logprobs is not None and delta.logprobs is not None:
-            self._logprob_ids.extend(delta.token_ids[:num_consumed])
-            self._logprob_entries.extend(delta.logprobs[:num_consumed])
+            for token_id, entry in zip(delta.token_ids[:num_consumed], delta.logprobs[:num_consumed], strict=True):
+                if not self.text.drops(token_id):
+                    self._logprob_ids.append(token_id)
+                    self._logprob_entries.append(entry)
 
     def take_logprobs(self, empty_as_none: bool = False) -> dict[str, Any] | None:
         """The logprobs object of the tokens consumed since the last call; None if not requested."""
@@ -119,6 +122,13 @@ class Generation:
         ids, entries = self._logprob_ids, self._logprob_entries
         self._logprob_ids, self._logprob_entries = [], []
         return self._logprobs.format(ids, entries)
+
+    def halt(self) -> None:
+        """End the text here (a limit the caller checks, like /infill's n_indent): as after a stop string,
+        the engine request is aborted and drained, so its totals are still known; finish reason "stop"."""
+        if not self.text.stopped:
+            self.text.halt()
+            self._async_engine.abort(self.request_id)
 
     def cancel(self) -> None:
         """Give up the request before reading it (another choice of the same response failed)."""
@@ -219,19 +229,23 @@ def timings(totals: GenerationStats | None, prompt_tokens: int, completion_token
     """Speculation statistics (beyond OpenAI), in the spirit of llama.cpp's `timings`."""
     t = totals or GenerationStats()
     passes = t.target_passes
+    # the tokens of the prompt's own pass are timed with the prompt: when they are all there is, that
+    # pass is also the generation's time (predicted_ms then overlaps prompt_ms)
+    decode_seconds = t.decode_seconds or (t.prefill_seconds if completion_tokens else 0.0)
+    accepted = min(t.accepted_tokens, completion_tokens)  # none beyond the returned tokens (a stop cut them)
     return {
         "prompt_n": prompt_tokens,
         "cache_n": t.cached_tokens,  # of prompt_n, served by the prefix cache
         "prompt_ms": round(t.prefill_seconds * 1000, 3),
         "prompt_tokens_per_second": _rate(prompt_tokens, t.prefill_seconds),
         "predicted_n": completion_tokens,
-        "predicted_ms": round(t.decode_seconds * 1000, 3),
-        "generation_tokens_per_second": _rate(completion_tokens, t.decode_seconds),
+        "predicted_ms": round(decode_seconds * 1000, 3),
+        "generation_tokens_per_second": _rate(completion_tokens, decode_seconds),
         "target_passes": passes,
-        "draft_tokens_accepted": t.accepted_tokens,
+        "draft_tokens_accepted": accepted,
         # tokens emitted per target pass: accepted draft tokens + the target's bonus token
         "mean_accepted_per_pass": round(t.mean_accepted_per_pass, 4),
-        "mean_draft_accepted_per_pass": round(t.accepted_tokens / passes, 4) if passes else 0.0,
+        "mean_draft_accepted_per_pass": round(accepted / passes, 4) if passes else 0.0,
     }
 
 
