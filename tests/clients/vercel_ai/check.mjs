@@ -28,7 +28,7 @@ const weather = tool({
 });
 const called = await generateText({
   model, prompt: "What is the weather in Paris?", tools: { get_weather: weather }, toolChoice: "required",
-  maxOutputTokens: 300, temperature: 0,
+  maxOutputTokens: 300, temperature: 0, providerOptions: { openai: { parallelToolCalls: false } },
 });
 show({ case: "toolCall", finishReason: called.finishReason,
        toolCalls: called.toolCalls.map((call) => ({ toolName: call.toolName, toolCallId: call.toolCallId, input: call.input })) });
