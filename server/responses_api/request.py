@@ -90,12 +90,17 @@ class ResponsesRequest(_Model):
         return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
 
 
+FIELDS = {name for cls in (ResponsesRequest, TextConfig, TextFormat, NamedFunction) for name in cls.model_fields} | {
+    "schema"}
+
+
 def parse_responses(raw: bytes) -> ResponsesRequest:
     try:
         request = ResponsesRequest.model_validate(load_json_object(raw))
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"] if not isinstance(p, int) and "[" not in str(p)) or "input"
+        param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"] if p in FIELDS or
+                        isinstance(p, int)).lstrip(".") or "input"
         if first["type"] == "missing":
             raise invalid_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter") from None
         raise invalid_request(f"Invalid value for '{param}': {first['msg']}.", param, "invalid_value") from None

@@ -146,7 +146,9 @@ def test_bad_requests_name_the_field(fake_server) -> None:
               "input[0].content[0]"),
              ({"input": [{"type": "item_reference", "id": "msg_nope"}]}, 400, "input[0].id"),
              ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
-             ({}, 400, "input")]
+             ({}, 400, "input"), ({"input": 5}, 400, "input"),
+             ({"input": "x", "text": {"format": {"type": "xml"}}}, 400, "text.format.type"),
+             ({"input": "x", "temperature": 3}, 400, "temperature")]
     for body, status, param in cases:
         response = httpx.post(srv.url + "/v1/responses", json={"model": "fake-model", **body}, timeout=30)
         assert response.status_code == status, (body, response.text)
