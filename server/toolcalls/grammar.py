@@ -42,9 +42,10 @@ def tool_call_grammar(fmt_name: str, tools: list[tuple[str, dict[str, Any] | Non
 
 
 def arguments(schema: dict[str, Any] | None) -> Format:
-    """A call's arguments: a JSON object under `schema` (None: any object)."""
-    return {"type": "json_schema", "json_schema": schema if schema is not None else {"type": "object"},
-            "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    """A call's arguments: a JSON object under `schema` (None or {}: any object; a schema that names no
+    type is read as an object's, since arguments are always one)."""
+    schema = {"type": "object"} | (schema or {}) if not schema or "type" not in schema else schema
+    return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
 
 
 def text_format(kind: str, spec: str) -> Format:

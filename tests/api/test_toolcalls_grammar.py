@@ -132,3 +132,12 @@ def test_canonical_calls_are_accepted_and_read(model: str) -> None:
     assert all(matcher.accept_token(token) for token in ids) and matcher.accept_token(tokenizer.eos_token_id)
     assert read(plan, tokenizer, ids, eager=False) == (None, [(name, args)])
     assert plan.grammar.special_tokens == tuple(t for t in MODELS[model][1] if t != "<|python_tag|>")
+
+
+def test_arguments_are_always_an_object() -> None:
+    from server.toolcalls.grammar import arguments
+
+    assert arguments(None)["json_schema"] == {"type": "object"} and arguments({})["json_schema"] == {"type": "object"}
+    assert arguments({"properties": {"a": {"type": "string"}}})["json_schema"] == {
+        "type": "object", "properties": {"a": {"type": "string"}}}
+    assert arguments({"type": "object", "required": []})["json_schema"] == {"type": "object", "required": []}
