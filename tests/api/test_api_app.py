@@ -138,9 +138,24 @@ def test_context_overflow_is_http_400_even_when_streaming(fake_server) -> None:
     error = assert_openai_error(response, 400, "invalid_request_error")
     assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
     assert "maximum context length is 64 tokens" in error["message"]
-    short = {**CHAT, "max_tokens": 1000}
-    error = assert_openai_error(httpx.post(srv.url + "/v1/chat/completions", json=short), 400)
-    assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+    exact = {**PROMPT, "prompt": list(range(3, 67)), "max_tokens": 1}  # 64 prompt tokens: no room left
+    error = assert_openai_error(httpx.post(srv.url + "/v1/completions", json=exact), 400)
+    assert error["code"] == "context_length_exceeded" and "the prompt alone has 64 tokens" in error["message"]
+
+
+def test_max_tokens_beyond_the_context_is_cut_to_what_fits(fake_server) -> None:
+    """Continue sends max_tokens 4096, Open WebUI's title request 1000: the budget is what the context
+    leaves, and the reply ends with finish_reason "length" when it is used up."""
+    srv = fake_server(FakeEngine(max_context=64, tokens_per_step=7))
+    body = {**PROMPT, "prompt": list(range(3, 53)), "max_tokens": 4096, "ignore_eos": True}
+    response = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
+    assert response.status_code == 200
+    usage = response.json()["usage"]
+    assert response.json()["choices"][0]["finish_reason"] == "length"
+    assert usage["prompt_tokens"] == 50 and usage["completion_tokens"] == 14 and usage["total_tokens"] == 64
+    assert srv.engine.requests[-1].params.max_tokens == 14
+    chat = {**CHAT, "max_completion_tokens": 100_000, "ignore_eos": True}
+    assert httpx.post(srv.url + "/v1/chat/completions", json=chat, timeout=30).status_code == 200
 
 
 def test_chat_template_override(fake_server, tmp_path) -> None:

@@ -52,7 +52,8 @@ def bad_inputs(model: str) -> list[tuple[str, str, object, int, str | None]]:
         ("POST", CHAT, {**chat, "model": "no-such-model"}, 404, "model_not_found"),
         ("POST", CHAT, {**chat, "messages": [{"role": "user", "content": "word " * 600}]}, 400,
          "context_length_exceeded"),
-        ("POST", CHAT, {**chat, "max_tokens": 100000, "stream": True}, 400, "context_length_exceeded"),
+        ("POST", COMP, {**comp, "prompt": list(range(3, 300)) * 2, "max_tokens": 1, "stream": True}, 400,
+         "context_length_exceeded"),  # the prompt alone is over the context
         ("POST", COMP, {"model": model}, 400, "prompt"),
         ("POST", COMP, {**comp, "prompt": [1, 999999]}, 400, "prompt"),
         ("POST", COMP, {**comp, "prompt": ["a", "b"]}, 400, "prompt"),

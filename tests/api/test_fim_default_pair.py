@@ -61,3 +61,22 @@ def test_default_pair_fills_a_middle_that_parses(fake_server: Callable, default_
     body = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 32, "temperature": 0}
     infill = httpx.post(f"{srv.url}/infill", json=body, timeout=120).json()
     assert infill["content"] == middle and infill["stop_type"] == "eos"
+
+
+def test_continue_default_request_shapes_fit_the_context(fake_server: Callable, default_pair_engine: Any) -> None:
+    """Continue sends max_tokens 4096 by default, far beyond the built-in pair's 1024-token context: the
+    budget is cut to what the prompt leaves (200, ending with "length" if the model runs on)."""
+    srv = fake_server(default_pair_engine)
+    chat = {"model": "specexec-default", "max_tokens": 4096, "stream": True, "temperature": 0,
+            "messages": [{"role": "user", "content": "Write a function that reverses a string."}],
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=chat, timeout=300) as response:
+        assert response.status_code == 200
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    usage = next(e for e in events if '"usage"' in e and '"choices":[]' in e)
+    assert events[-1] == "[DONE]" and '"prompt_tokens"' in usage
+    autocomplete = {"model": "specexec-default", "max_tokens": 4096, "temperature": 0.01, "stream": True,
+                    "prompt": "<|fim_prefix|><|fim_suffix|>\n<|fim_middle|>def read(path):\n    return ",
+                    "stop": ["<|endoftext|>", "\n\n"]}
+    response = httpx.post(f"{srv.url}/v1/completions", json=autocomplete, timeout=300)
+    assert response.status_code == 200 and response.text.rstrip().endswith("data: [DONE]")

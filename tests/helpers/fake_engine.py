@@ -29,6 +29,7 @@ from engine.types import (
     StructuredOutput,
     StructuredOutputError,
     TokenDelta,
+    TokenLogprob,
 )
 from tests.helpers.tiny_models import build_tokenizer
 
@@ -165,7 +166,9 @@ class FakeEngine(GenerationEngine):
                               num_emitted=len(new_ids), draft_seconds=0.001, target_seconds=0.002,
                               step_seconds=0.003)
             totals.add_step(stats)
-            yield TokenDelta(request.request_id, new_ids, finish, stats, totals if finish else None)
+            logprobs = None if params.logprobs is None else [  # made-up values: the shapes are what is tested
+                TokenLogprob(-0.5, [t] * params.logprobs, [-0.5] * params.logprobs) for t in new_ids]
+            yield TokenDelta(request.request_id, new_ids, finish, stats, totals if finish else None, logprobs)
             if finish is not None:
                 return
 
