@@ -1,11 +1,13 @@
 """Loading a target/draft pair: checkpoints, dtype, device, the context limit, offloading.
 
 The target's context limit is checked before any weights load; the draft must share the target's
-token ids (checked on the tokenizers).
+token ids (checked on the tokenizers). Embedding sizes may differ past the tokenizer (padding): ids
+the target can emit but the draft cannot embed are fed to the draft as one fixed id it can.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +20,8 @@ from engine.offload.build import build_offloaded_runner
 from engine.types import CheckpointError, ConfigError
 
 DEFAULT_MAX_CONTEXT = 8192
+
+log = logging.getLogger("specexec.engine")
 
 
 @dataclass
@@ -54,6 +58,7 @@ def load_pair(config: EngineConfig) -> LoadedPair:
     draft = None
     if needs_draft:
         draft = DecoderRunner(checkpoint.load_model(model_cfg.draft, dtype, device))
+        match_embeddings(target, draft, tokenizer)
     eos = checkpoint.eos_token_ids(target_model, tokenizer)
     return LoadedPair(target, draft, tokenizer, eos, limit)
 
@@ -90,3 +95,26 @@ def build_target_runner(model: torch.nn.Module, config: EngineConfig, device: to
     if not config.offload.enabled:
         return DecoderRunner(model.to(device))
     return build_offloaded_runner(model, config, device)
+
+
+def fallback_input_id(draft: DecoderRunner, tokenizer: PreTrainedTokenizerBase | None) -> int:
+    """The id a draft is fed for target ids past its embedding: its pad token (else the tokenizer's
+    pad, unk or eos token), if the draft embeds it; else 0."""
+    candidates = [getattr(draft.config, "pad_token_id", None)]
+    if tokenizer is not None:
+        candidates += [tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.eos_token_id]
+    for token_id in candidates:
+        if isinstance(token_id, int) and 0 <= token_id < draft.num_embeddings:
+            return token_id
+    return 0
+
+
+def match_embeddings(target: DecoderRunner, draft: DecoderRunner, tokenizer: PreTrainedTokenizerBase | None) -> None:
+    """Compare the embedding sizes: a target that can emit ids past the draft's embedding (Qwen2.5-72B:
+    152064 rows, Qwen2.5-1.5B: 151936) gets its draft a fallback input id for them."""
+    if target.vocab_size <= draft.num_embeddings:
+        return
+    draft.fallback_input_id = fallback_input_id(draft, tokenizer)
+    log.info("the target's vocabulary (%d ids) is larger than the draft's embedding (%d rows): the draft is "
+             "fed id %d for the ids past it and never drafts them", target.vocab_size, draft.num_embeddings,
+             draft.fallback_input_id)
