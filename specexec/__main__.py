@@ -25,6 +25,7 @@ PROGRAMS = {  # `specexec NAME`: module (with add_arguments and run), descriptio
 BENCH_TOOLS = {  # `specexec bench NAME`: module, description
     "offload": ("bench.offload", "pass time resident vs streamed (ram, disk) and GB/s"),
     "quant": ("bench.quant", "bytes per pass and pass time: fp32 vs fp16 vs GPTQ 4-bit"),
+    "load": ("bench.load_memory", "peak host memory (RSS) while loading an offloaded target"),
     "structured": ("bench.structured", "tokens per pass and step overhead with and without a JSON schema"),
     "scoring": ("bench.scoring", "SpecExec trees' expected tokens per pass by draft scoring temperature"),
     "serve": ("bench.serve", "concurrent streams through the HTTP server: tok/s, TTFT, tokens per pass"),

@@ -14,9 +14,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from engine.config import EngineConfig, LimitsConfig
-from engine.model import checkpoint
+from engine.model import checkpoint, gptq, host_plan
 from engine.model.runner import DecoderRunner
 from engine.offload.build import build_offloaded_runner
+from engine.offload.loader import load_offloaded_target
 from engine.types import CheckpointError, ConfigError
 
 DEFAULT_MAX_CONTEXT = 8192
@@ -53,14 +54,38 @@ def load_pair(config: EngineConfig) -> LoadedPair:
             raise CheckpointError(f"method {config.speculation.method} needs a draft model (--draft)")
         checkpoint.read_config(model_cfg.draft)
         checkpoint.check_vocab(model_cfg.target, tokenizer, model_cfg.draft, checkpoint.load_tokenizer(model_cfg.draft))
-    target_model = checkpoint.load_model(model_cfg.target, dtype)
-    target = build_target_runner(target_model, config, device)
+    streaming = check_host_memory(config, device, dtype, target_config, needs_draft)  # before any weights load
+    if streaming:
+        target_model, streamer = load_offloaded_target(config, dtype, device)
+        target = DecoderRunner(target_model, streamer)
+    else:
+        target_model = checkpoint.load_model(model_cfg.target, dtype)
+        target = build_target_runner(target_model, config, device)
     draft = None
     if needs_draft:
         draft = DecoderRunner(checkpoint.load_model(model_cfg.draft, dtype, device))
         match_embeddings(target, draft, tokenizer)
     eos = checkpoint.eos_token_ids(target_model, tokenizer)
     return LoadedPair(target, draft, tokenizer, eos, limit)
+
+
+def check_host_memory(
+    config: EngineConfig, device: torch.device, dtype: torch.dtype, target_config: dict, needs_draft: bool
+) -> bool:
+    """Check the load's host memory from the checkpoints' headers (host_plan), before any weights load.
+    Returns whether the target streams tensor by tensor into its store (an offloaded plain safetensors
+    checkpoint; GPTQ checkpoints load through transformers)."""
+    model_cfg = config.model
+    try:
+        target = host_plan.checkpoint_bytes(model_cfg.target, dtype)
+        draft = host_plan.checkpoint_bytes(model_cfg.draft, dtype).total if needs_draft else 0
+    except FileNotFoundError as exc:  # no *.safetensors: transformers loads other formats, unchecked
+        log.warning("host memory not checked before loading: %s", exc)
+        return False
+    streaming = config.offload.enabled and gptq.quant_method(target_config) is None
+    need = host_plan.check_host_memory_before_loading(config, device.type == "cpu", target, draft, streaming)
+    log.info("host memory for loading: %.2f GB (checked before loading)", need / host_plan.GB)
+    return streaming
 
 
 def trained_positions(target_config: dict) -> int | None:
