@@ -23,6 +23,9 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type, str]] = {
     "--device": ("model", "device", str, "auto (cuda if available), cpu or cuda[:N]"),
     "--threads": ("model", "threads", int, "CPU threads for torch's kernels; 0: auto (the usable cores less one, "
                   "at least 1, at most 16; on CUDA: 1)"),
+    "--gptq-kernel": ("model", "gptq_kernel", str, "GPTQ checkpoints: int4 (torch's int4 matmul), dequantize "
+                      "(gptqmodel's torch kernel, the whole matrix per call) or auto (int4 on CPU unless the "
+                      "target streams from disk; dequantize on CUDA)"),
     "--method": ("speculation", "method", str, "specexec, specinfer or autoregressive (no draft)"),
     "--budget": ("speculation", "budget", str, "draft tokens per tree, or auto (measured at startup and from traffic)"),
     "--max-expand": ("speculation", "max_expand", int, "K: leaves expanded per draft forward"),
@@ -48,7 +51,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type, str]] = {
                              "KV slots kept for the prefix cache beyond the running ones; 0: no reuse"),
 }
 CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "autoregressive"),
-           "--offload-source": ("ram", "disk")}
+           "--offload-source": ("ram", "disk"), "--gptq-kernel": ("auto", "int4", "dequantize")}
 
 
 class CliError(Exception):

@@ -59,11 +59,12 @@ def load_pair(config: EngineConfig) -> LoadedPair:
         target_model, streamer = load_offloaded_target(config, dtype, device)
         target = DecoderRunner(target_model, streamer)
     else:
-        target_model = checkpoint.load_model(model_cfg.target, dtype)
+        kernel = target_gptq_kernel(config, target_config)
+        target_model = checkpoint.load_model(model_cfg.target, dtype, gptq_kernel=kernel, compute_device=device)
         target = build_target_runner(target_model, config, device)
     draft = None
     if needs_draft:
-        draft = DecoderRunner(checkpoint.load_model(model_cfg.draft, dtype, device))
+        draft = DecoderRunner(checkpoint.load_model(model_cfg.draft, dtype, device, model_cfg.gptq_kernel))
         match_embeddings(target, draft, tokenizer)
     eos = checkpoint.eos_token_ids(target_model, tokenizer)
     return LoadedPair(target, draft, tokenizer, eos, limit)
@@ -86,6 +87,18 @@ def check_host_memory(
     need = host_plan.check_host_memory_before_loading(config, device.type == "cpu", target, draft, streaming)
     log.info("host memory for loading: %.2f GB (checked before loading)", need / host_plan.GB)
     return streaming
+
+
+def target_gptq_kernel(config: EngineConfig, target_config: dict) -> str:
+    """The GPTQ kernel asked for the target: the disk source streams the checkpoint's own packing, which
+    only the dequantize kernel reads (gptq_int4's module doc)."""
+    kernel = config.model.gptq_kernel
+    if not (config.offload.enabled and config.offload.source == "disk" and gptq.quant_method(target_config)):
+        return kernel
+    if kernel == "int4":
+        raise ConfigError("model.gptq_kernel", "a GPTQ target streamed from disk runs on the dequantize kernel only "
+                          "(the int4 kernel needs its own packing, made at load: --offload-source ram)")
+    return "dequantize"
 
 
 def trained_positions(target_config: dict) -> int | None:
