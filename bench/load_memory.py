@@ -18,6 +18,7 @@ import argparse
 import importlib
 import json
 import multiprocessing
+import queue as queue_module
 import sys
 from pathlib import Path
 
@@ -117,7 +118,14 @@ def measure(target: Path, source: str, dtype: str, available: float | None) -> d
     queue = context.Queue()
     child = context.Process(target=load_in_child, args=(str(target), source, dtype, available, queue))
     child.start()
-    result = queue.get()
+    while True:  # a child the kernel's OOM killer ends sends nothing
+        try:
+            result = queue.get(timeout=1.0)
+            break
+        except queue_module.Empty:
+            if not child.is_alive():
+                return {"before_kb": 0, "peak_kb": 0, "after_kb": 0,
+                        "refused": f"the loading process died (exit code {child.exitcode}; -9: killed, e.g. out of memory)"}
     child.join()
     return result
 
@@ -139,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
     print("| target | checkpoint GB (bf16) | source | peak growth GB | of the checkpoint | RSS after GB | refused |")
     print("|---|--:|---|--:|--:|--:|---|")
     for row in rows:
+        if not row["peak_kb"]:
+            print(f"| {row['arch']} | {row['checkpoint_gb']:.2f} | {row['source']} | - | - | - | {row['refused']} |")
+            continue
         growth = (row["peak_kb"] - row["before_kb"]) * 1024 / GB
         after = (row["after_kb"] * 1024) / GB
         refused = (row["refused"] or "no").replace("|", "/")

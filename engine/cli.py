@@ -121,8 +121,9 @@ def parse_budget(value: str) -> int | str:
         raise ConfigError("speculation.budget", f"must be an integer >= 1 or 'auto', got {value!r}") from None
 
 
-def engine_config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, dict]:
-    """EngineConfig from --config and flags; also returns the file's [server] section."""
+def engine_config_from_args(args: argparse.Namespace, require_folders: bool = True) -> tuple[EngineConfig, dict]:
+    """EngineConfig from --config and flags; also returns the file's [server] section. require_folders:
+    the model folders must exist (`specexec plan` needs only their shapes)."""
     sections = read_config_file(args.config) if args.config else {}
     overrides: dict[str, dict] = {}
     for flag, (section, field, _kind, _meaning) in ENGINE_FLAGS.items():
@@ -141,7 +142,8 @@ def engine_config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, dic
         if not model.get("name"):
             overrides["model"]["name"] = DEFAULT_MODEL_NAME
     config = engine_config_from(sections, overrides, args.config)
-    check_paths(config)
+    if require_folders:
+        check_paths(config)
     return config, sections.get("server", {})
 
 

@@ -35,6 +35,7 @@ GB = 10**9
 HOST_MARGIN_BYTES = 2**30  # the interpreter, libraries, tokenizer, allocator slack
 HOST_MARGIN_FRACTION = 0.05
 LAYER_NAME = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
+TRANSFORMERS_PREFIXES = ("model.", "lm_head.")
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,11 @@ def checkpoint_bytes(folder: str, dtype: torch.dtype) -> CheckpointBytes:
     """Bytes of the checkpoint in `folder` loaded at `dtype`, from its safetensors headers only."""
     layers: dict[int, int] = {}
     outer = 0
-    for name, location in read_index(folder).items():
+    index = read_index(folder)
+    if any(name.startswith("model.") for name in index):  # transformers' names; a second copy of the
+        # weights in the folder under other names (Mistral's consolidated.safetensors) is never loaded
+        index = {name: loc for name, loc in index.items() if name.startswith(TRANSFORMERS_PREFIXES)}
+    for name, location in index.items():
         nbytes = -(-loaded_nbytes(location.nbytes, location.dtype, dtype) // ALIGN) * ALIGN
         match = LAYER_NAME.match(name)
         if match is None:

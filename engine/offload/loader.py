@@ -189,7 +189,10 @@ def streamed_store(
     if config.offload.source == "ram":
         return RamStore(streamed, layouts, fill=lambda idx, buffer: reader.read_layer(
             f"model.layers.{idx}.", layouts[idx], buffer))
-    store = open_disk_store(config.model.target, model.config, streamed, layouts, config.offload.evict_page_cache)
+    try:
+        store = open_disk_store(config.model.target, model.config, streamed, layouts, config.offload.evict_page_cache)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"offload source disk: cannot read layers from {config.model.target!r}: {exc}") from exc
     for idx, module in streamed.items():
         LayerBinding(module, store.layouts[idx]).bind(store.rest[idx])
     return store

@@ -216,3 +216,20 @@ def test_int4_from_disk_is_refused_by_name(gptq_pair):
                           offload=OffloadConfig(enabled=True, source="disk"))
     with pytest.raises(ConfigError, match="model.gptq_kernel: a GPTQ target streamed from disk"):
         Engine.load(config)
+
+
+@needs_gptq
+@pytest.mark.parametrize("kernel", ["dequantize", "int4"])
+def test_the_plan_counts_the_loaded_gptq_bytes(gptq_pair, kernel):
+    """`specexec plan`'s arithmetic from config.json (engine.model.config_shapes) against a real
+    load, both kernels' forms; and the dequantize kernel's scratch in the startup plan."""
+    from engine.model import config_shapes, memory
+
+    target, _, _ = gptq_pair
+    runner = DecoderRunner(checkpoint.load_model(target, torch.float32, gptq_kernel=kernel))
+    config = json.loads((Path(target) / "config.json").read_text())
+    counted = config_shapes.weight_bytes(config, 4, kernel)
+    layer = layer_tensors(runner.hf_layers[0]).values()
+    assert counted.layer == sum(t.numel() * t.element_size() for t in layer)
+    scratch = memory.dequant_scratch_bytes(runner)
+    assert scratch == (counted.largest_matrix * config_shapes.DEQUANT_BYTES_PER_WEIGHT if kernel == "dequantize" else 0)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, MixtralConfig
 
 from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
@@ -25,7 +26,7 @@ from engine.model.runner import DecoderRunner
 from engine.offload import host_memory
 from engine.offload.layout import ALIGN, layout_of
 from engine.offload.loader import load_offloaded_target
-from engine.types import OffloadError
+from engine.types import CheckpointError, OffloadError
 from tests.helpers.offload_passes import CPU, assert_same_logits, run_passes
 from tests.helpers.tiny_models import build_model
 
@@ -87,6 +88,17 @@ def test_tied_embeddings_are_read_once(bf16_checkpoints):
         assert_same_logits(run_passes(DecoderRunner(model, streamer)), run_passes(DecoderRunner(reference)))
     finally:
         streamer.close()
+
+
+@pytest.mark.parametrize("source", ["ram", "disk"])
+def test_a_tensor_missing_from_the_checkpoint_is_named(tmp_path, source):
+    model = build_model("llama", 320, seed=4, layers=NUM_LAYERS)
+    state = {name: value.contiguous() for name, value in model.state_dict().items()
+             if name != "model.layers.2.mlp.up_proj.weight"}
+    model.config.save_pretrained(tmp_path)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="model.layers.2.mlp.up_proj.weight"):
+        load_offloaded_target(offload_config(tmp_path, source), torch.float32, CPU)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

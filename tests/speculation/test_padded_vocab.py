@@ -1,15 +1,13 @@
 """A target vocabulary padded further than the draft's embedding (Qwen2.5-72B: 152064 rows, its
 1.5B draft: 151936, both past the tokenizer's 151665).
 
-The target here favours ids in its padded region (their head rows are scaled copies of real tokens'
-rows), so it emits ids the draft cannot embed; one prompt holds such an id too. The draft never
+The target favours ids in its padded region (tests/helpers/padded_vocab.py), so it emits ids the
+draft cannot embed; one prompt holds such an id too. The draft never
 proposes them and is fed a fallback id for them; greedy output equals transformers' greedy generate
 on the target, in every mode: resident, streamed from RAM and from disk, batched, SpecExec and
 SpecInfer trees, autoregressive. Seeded sampling stays inside the target's vocabulary."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,37 +17,16 @@ from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig
 from engine.runtime import Engine
 from engine.types import Request, SamplingParams
 from tests.helpers.offload_passes import reference_greedy
+from tests.helpers.padded_vocab import make_padded_pair, prompts
 from tests.helpers.speculation import NAMED_TREES
-from tests.helpers.tiny_models import build_model, build_tokenizer, save_checkpoint
 
-DRAFT_PAD = 16  # draft embedding rows past the tokenizer
-TARGET_PAD = 48  # target rows past the tokenizer: ids [tokenizer + 16, tokenizer + 48) only the target has
 NEW_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
 def padded_pair(tmp_path_factory) -> tuple[str, str, int]:
     """(target folder, draft folder, draft embedding rows)."""
-    tokenizer = build_tokenizer()
-    num_tokens = len(tokenizer)
-    target = build_model("qwen2", num_tokens + TARGET_PAD, seed=31, eos_token_id=tokenizer.eos_token_id)
-    with torch.no_grad():
-        head = target.lm_head.weight  # [vocab, hidden]
-        padded = torch.arange(num_tokens + DRAFT_PAD, num_tokens + TARGET_PAD)
-        head[padded] = head[3 : 3 + padded.numel()] * 1.3  # beats the real token whenever that one would win
-    state = target.state_dict()
-    draft = build_model("qwen2", num_tokens + DRAFT_PAD, seed=32, eos_token_id=tokenizer.eos_token_id)
-    draft_rows = num_tokens + DRAFT_PAD
-    draft.load_state_dict({name: value[:draft_rows] if value.shape[0] == num_tokens + TARGET_PAD else value
-                           for name, value in state.items()})  # the target, cut to the draft's rows
-    folder = tmp_path_factory.mktemp("padded-vocab")
-    target_dir = save_checkpoint(target, tokenizer, Path(folder) / "target")
-    draft_dir = save_checkpoint(draft, tokenizer, Path(folder) / "draft")
-    return str(target_dir), str(draft_dir), draft_rows
-
-
-def prompts(draft_rows: int) -> list[list[int]]:
-    return [[5, 6, 7, 8], [40, 41, draft_rows + 5, 43, 44], [90, 12, 100, 7, 33, 21]]  # the second: an id past the draft
+    return make_padded_pair(tmp_path_factory.mktemp("padded-vocab"))
 
 
 @pytest.fixture(scope="module")
