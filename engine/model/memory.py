@@ -49,7 +49,6 @@ def plan_inputs(
         budget=budget,
         max_depth=spec.max_depth,
         max_expand=spec.max_expand,
-        extension_budget=spec.extension_budget(budget) if draft is not None else 0,
         prefill_chunk=prefill_chunk,
         streamed=bool(ring),
         logits_processing_bytes=logits_processing_bytes,
