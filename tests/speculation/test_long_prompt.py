@@ -41,12 +41,14 @@ def references(pair) -> dict[str, list[int]]:
     return {name: reference_greedy(model, PROMPTS[name], NUM_TOKENS[name]) for name in PROMPTS}
 
 
-def load(pair, streamed: bool) -> Engine:
+def load(pair, streamed: bool, prefill_slice: int = 0) -> Engine:
+    """prefill_slice 0 (auto) may split a prompt that joins running requests; a slice as long as the
+    prompt keeps the whole prompt in the pass it joins (slices: tests/speculation/test_step_isolation.py)."""
     return Engine.load(EngineConfig(
         model=ModelConfig(target=pair[0], draft=pair[1]),
         speculation=SpeculationConfig(budget=16, max_depth=6),
         offload=OffloadConfig(enabled=True, source="ram", resident_layers=0) if streamed else OffloadConfig(),
-        limits=LimitsConfig(max_context=1200, max_running=2, prefix_cache_slots=1),
+        limits=LimitsConfig(max_context=1200, max_running=2, prefix_cache_slots=1, prefill_slice=prefill_slice),
     ))
 
 
@@ -99,7 +101,7 @@ def test_a_long_prompt_batched_with_a_short_request_equals_the_reference(pair, r
         assert together["long"][0].stats.batch_size == 2
         assert together["long"][0].stats.pass_tokens == len(LONG) - 1 + len(SHORT) - 1 + sum(
             together[name][0].stats.tree_size for name in ("long", "short"))
-    with load(pair, streamed) as engine:  # a fresh engine: no prefix-cache hit
+    with load(pair, streamed, prefill_slice=len(LONG)) as engine:  # a fresh engine: no prefix-cache hit
         joining = run_all(engine, {0: ["short"], 2: ["long"]})
         assert joining["long"][0].stats.batch_size == 2 and joining["long"][-1].totals.cached_tokens == 0
     for deltas in (together, joining):
