@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from builder.fim_corpus import FIM_TOKENS
+from builder.fim_corpus import FIM_TOKENS, Document
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
@@ -111,14 +111,17 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFas
     return fast
 
 
-def encode_stream(tok: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
-    """Concatenate documents as BOS + tokens + EOS; returns int32 [n_tokens]."""
+def encode_stream(tok: PreTrainedTokenizerFast, documents: list[Document]) -> torch.Tensor:
+    """Concatenate documents as BOS + tokens + EOS, a document's tokens being its parts' tokens, each
+    part encoded alone (fim_corpus.Document); returns int32 [n_tokens]."""
     bos, eos = tok.bos_token_id, tok.eos_token_id
-    encodings = tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    parts = [part for doc in documents for part in doc]
+    encodings = iter(tok.backend_tokenizer.encode_batch(parts, add_special_tokens=False))
     ids: list[int] = []
-    for enc in encodings:
+    for doc in documents:
         ids.append(bos)
-        ids.extend(enc.ids)
+        for _part in doc:
+            ids.extend(next(encodings).ids)
         ids.append(eos)
     return torch.tensor(ids, dtype=torch.int32)
 
@@ -185,6 +188,7 @@ class StageResult:
     seconds: float
     final_loss: float
     stopped_by_time: bool
+    cpu_seconds: float  # this process's CPU time over the stage (all its threads)
 
 
 def batches(ids: torch.Tensor, batch_size: int, seq_len: int, seed: int) -> Iterator[torch.Tensor]:
@@ -231,7 +235,7 @@ def train_stage(
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay)
     budget = spec.minutes * 60.0 if spec.minutes else None
-    start, ema, step, by_time = time.monotonic(), float("nan"), 0, False
+    start, cpu_start, ema, step, by_time = time.monotonic(), time.process_time(), float("nan"), 0, False
     bar = tqdm(total=spec.steps, desc=spec.name, dynamic_ncols=True, mininterval=5.0)
     device = next(model.parameters()).device  # the teacher lives there too
     for step, batch in enumerate(batches(ids, spec.batch_size, spec.seq_len, seed)):
@@ -249,7 +253,8 @@ def train_stage(
     bar.close()
     model.eval()
     seconds = time.monotonic() - start
-    return StageResult(step, step * spec.batch_size * spec.seq_len, seconds, ema, by_time)
+    cpu_seconds = time.process_time() - cpu_start
+    return StageResult(step, step * spec.batch_size * spec.seq_len, seconds, ema, by_time, cpu_seconds)
 
 
 def _train_step(
