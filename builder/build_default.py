@@ -119,6 +119,7 @@ def pair_settings(pair: Path) -> dict[str, Any]:
 class Corpus:
     tokenizer: PreTrainedTokenizerFast
     train_ids: torch.Tensor  # int32 [n_train_tokens]
+    train_is_target: torch.Tensor  # bool [n_train_tokens]: False for a token just before a cursor cut
     heldout_ids: torch.Tensor  # int32 [n_heldout_tokens]
     heldout_texts: list[str]
     train_files: int
@@ -149,13 +150,12 @@ def build_corpus(s: dict[str, Any]) -> Corpus:
     documents = fim_corpus.training_documents(train, s["fim_rate"], s["cut_rate"], s["seed"])
     n_fim = sum(doc[0].startswith(fim_corpus.FIM_PREFIX) for doc in documents)
     cut = [len(doc) - 1 for doc in documents if len(doc) > 1 and not doc[0].startswith(fim_corpus.FIM_PREFIX)]
-    train_ids = tr.encode_stream(tok, documents)
-    heldout_ids = tr.encode_stream(tok, [(text,) for text in heldout])
+    train_ids, train_is_target = tr.encode_stream(tok, documents)
+    heldout_ids = tr.encode_stream(tok, [(text,) for text in heldout])[0]
     n_bytes = sum(len(t.encode("utf-8")) for t in train)
     seconds = time.monotonic() - start
-    return Corpus(
-        tok, train_ids, heldout_ids, heldout, len(train), len(heldout), n_bytes, n_fim, len(cut), sum(cut), seconds
-    )
+    counts = (len(train), len(heldout), n_bytes, n_fim, len(cut), sum(cut))
+    return Corpus(tok, train_ids, train_is_target, heldout_ids, heldout, *counts, seconds)
 
 
 def shapes(s: dict[str, Any]) -> tuple[tr.ModelShape, tr.ModelShape]:
@@ -217,11 +217,12 @@ def train_pair(s: dict[str, Any], corpus: Corpus, out: Path) -> dict[str, Any]:
     print(f"target params {t_params:,}  draft params {d_params:,}  ratio {t_params / d_params:.2f}")
     if d_params * 5 > t_params:
         raise ValueError(f"draft has {d_params:,} params, more than 1/5 of the target's {t_params:,}")
-    t_run = tr.train_stage(target, corpus.train_ids, stage_spec(s, "target"), s["seed"])
+    t_run = tr.train_stage(target, corpus.train_ids, corpus.train_is_target, stage_spec(s, "target"), s["seed"])
     t_bytes = save_checkpoint(target, corpus.tokenizer, out / "target", s["dtype"])
     d_run = tr.train_stage(
         draft,
         corpus.train_ids,
+        corpus.train_is_target,
         stage_spec(s, "draft"),
         s["seed"] + 1,
         teacher=target,

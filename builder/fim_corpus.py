@@ -22,6 +22,8 @@ for), half end at a second uniform point.
 Cursor cuts: a share of the other documents are cut at one cursor per piece (where an indented
 line's code starts, where Enter and auto-indent leave it, CUT_INDENT_SHARE of the time, else a
 uniform point that does not cut a word), so the model meets both tokenizations of the same code.
+The stream encoder makes the token before each cut no training target: the model learns to continue
+a text tokenized at a cursor, not to write text tokenized that way.
 """
 
 from __future__ import annotations

@@ -165,7 +165,8 @@ def _data_lines(s: dict[str, Any], corpus: Corpus) -> list[str]:
         f"{s['cut_rate']:.0%} of the other train files ({corpus.cut_documents:,} files) are cut at "
         f"{corpus.cuts:,} cursors (one per {fim_corpus.MIN_PIECE_CHARS}-{fim_corpus.MAX_PIECE_CHARS}+ "
         f"character piece: where an indented line's code starts {fim_corpus.CUT_INDENT_SHARE:.0%} of the time, else at a "
-        "point that does not cut a word) whose parts are tokenized apart. Byte-level BPE gives a space run's "
+        "point that does not cut a word) whose parts are tokenized apart; the token before a cut is no training "
+        "target (only a prompt ends there). Byte-level BPE gives a space run's "
         "last space to the next word, so a prompt ending in an indented new line ends in a token that "
         "whole-text tokenization does not put before code; the model meets both tokenizations.",
         f"- Byte-level BPE, vocab {len(corpus.tokenizer)} ({tokenizer_origin}trained on the train files only); "
