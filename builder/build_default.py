@@ -31,6 +31,8 @@ from builder import fim_corpus, fim_eval, pair_eval
 from builder import training as tr
 from builder.model_card import earlier_lines, model_card
 
+LOADING_KWARGS = ("is_local", "local_files_only")  # from_pretrained records these in init_kwargs
+
 # name: (full-run default, --toy default)
 DEFAULTS: dict[str, tuple[Any, Any]] = {
     "max_files": (None, 24),
@@ -142,6 +144,8 @@ def build_corpus(s: dict[str, Any]) -> Corpus:
         heldout = [train.pop()]
     if s["init_from"] is not None:
         tok = PreTrainedTokenizerFast.from_pretrained(Path(s["init_from"]) / "target")
+        for key in LOADING_KWARGS:  # how it was loaded, not a setting: keep them out of the saved config
+            tok.init_kwargs.pop(key, None)
     else:
         tok = tr.train_tokenizer(train, s["vocab_size"])
         tok.model_max_length = s["max_positions"]
@@ -253,6 +257,8 @@ def checks(facts: dict[str, Any], ev: tr.EvalResult) -> dict[str, bool]:
 
 def run(args: argparse.Namespace) -> int:
     """Build the default pair into args.out; returns 0 when every acceptance check passes (or --toy)."""
+    if getattr(args, "argv", None) is None:  # run by `specexec build-default FLAGS`
+        args.argv = sys.argv[2:] if sys.argv[1:2] == ["build-default"] else sys.argv[1:]
     s = resolve(args)
     torch.set_num_threads(s["threads"])
     out, start = Path(s["out"]), time.monotonic()
@@ -288,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m builder.build_default", description=__doc__.split("\n")[0]
     )
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the card's command line
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -39,13 +39,13 @@ def model_card(
         "",
         "A small Llama target and a distilled Llama draft for Python code completion, trained from",
         f"scratch on this machine's {'Python standard library sources' if is_stdlib(s) else 'sources in the corpus below'}"
-        + (f" (started from the pair in `{s['init_from']}`, trained there by the run under "
-           f"'{EARLIER_TITLE}')." if s["init_from"] else ".")
+        + (f": the pair in `{s['init_from']}` (made as '{EARLIER_TITLE}' says), trained further by the command "
+           "below." if s["init_from"] else ".")
         + " No downloaded weights or data.",
         "",
         "## Command",
         "",
-        f"    {shlex.join([Path(sys.executable).name, '-m', 'builder.build_default', *sys.argv[1:]])}",
+        f"    {shlex.join([Path(sys.executable).name, '-m', 'builder.build_default', *s['argv']])}",
         "",
         f"- Seed {s['seed']}, trained on {s['device']}, {s['threads']} torch thread(s), Python {platform.python_version()}, "
         f"torch {torch.__version__}, corpus `{s['corpus']}`",
