@@ -15,7 +15,7 @@ DEFAULT_MODELS = Path(__file__).resolve().parents[1] / "models" / "default"
 DEFAULT_MODEL_NAME = "specexec-default"
 
 # flag -> (section, field, type, help); the help's default is read from the config dataclass
-ENGINE_FLAGS: dict[str, tuple[str, str, type, str]] = {
+ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
     "--target": ("model", "target", str, "target model: a local Hugging Face checkpoint folder (default: the built-in pair)"),
     "--draft": ("model", "draft", str, "draft model folder; must share the target's token ids (default: the built-in pair)"),
     "--dtype": ("model", "dtype", str, "auto (fp32 on CPU; on CUDA bf16 for a bf16 checkpoint on sm80+, else fp16), "
@@ -23,6 +23,9 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type, str]] = {
     "--device": ("model", "device", str, "auto (cuda if available), cpu or cuda[:N]"),
     "--threads": ("model", "threads", int, "CPU threads for torch's kernels; 0: auto (the usable cores less one, "
                   "at least 1, at most 16; on CUDA: 1)"),
+    "--gptq-kernel": ("model", "gptq_kernel", str, "GPTQ checkpoints: int4 (torch's int4 matmul), dequantize "
+                      "(gptqmodel's torch kernel, the whole matrix per call) or auto (int4 on CPU unless the "
+                      "target streams from disk; dequantize on CUDA)"),
     "--method": ("speculation", "method", str, "specexec, specinfer or autoregressive (no draft)"),
     "--budget": ("speculation", "budget", str, "draft tokens per tree, or auto (measured at startup and from traffic)"),
     "--max-expand": ("speculation", "max_expand", int, "K: leaves expanded per draft forward"),
@@ -35,6 +38,8 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type, str]] = {
                                          "sampled requests: tree nodes ranked at the request's temperature times this"),
     "--specinfer-temperature": ("speculation", "specinfer_temperature", float,
                                 "method specexec: unseeded requests at this temperature or above grow SpecInfer trees"),
+    "--overlap": ("speculation", "overlap", "on_off", "on: the draft grows trees while the target scores them "
+                  "(and seeds the next tree); off: draft, then target"),
     "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),
     "--resident-layers": ("offload", "resident_layers", int,
                           "target layers kept on the device (default: as many as --gpu-memory allows)"),
@@ -46,9 +51,18 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type, str]] = {
     "--max-running": ("limits", "max_running", int, "requests whose trees share one target pass"),
     "--prefix-cache-slots": ("limits", "prefix_cache_slots", int,
                              "KV slots kept for the prefix cache beyond the running ones; 0: no reuse"),
+    "--prefill-slice": ("limits", "prefill_slice", int,
+                        "prompt tokens a joining request writes per pass while others decode; 0: auto "
+                        "(keeps a pass within twice its cost)"),
 }
 CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "autoregressive"),
-           "--offload-source": ("ram", "disk")}
+           "--offload-source": ("ram", "disk"), "--overlap": ("on", "off"),
+           "--gptq-kernel": ("auto", "int4", "dequantize")}
+
+
+def on_off(text: str) -> bool | str:
+    """'on' / 'off' -> True / False; anything else is kept for the config to refuse, naming the field."""
+    return {"on": True, "off": False}.get(text.lower(), text)
 
 
 class CliError(Exception):
@@ -68,6 +82,7 @@ def flag_help(flag: str) -> str:
     """'meaning [section] field, default X' for an engine flag."""
     section, field, _kind, meaning = ENGINE_FLAGS[flag]
     default = field_default(section, field)
+    default = {True: "on", False: "off"}.get(default, default) if isinstance(default, bool) else default
     shown = "" if default in (None, "") or "default" in meaning else f"; default {default}"
     return f"{meaning}{shown} [{section}] {field}"
 
@@ -78,7 +93,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (_section, _field, kind, _meaning) in ENGINE_FLAGS.items():
         choices = CHOICES.get(flag)  # shown, checked by the config (one error line naming the field)
         metavar = "{" + ",".join(choices) + "}" if choices else None
-        group.add_argument(flag, type=kind, default=None, metavar=metavar, help=flag_help(flag))
+        convert = on_off if kind == "on_off" else kind
+        group.add_argument(flag, type=convert, default=None, metavar=metavar, help=flag_help(flag))
     group.add_argument("--offload", action="store_true", default=None,
                        help="stream the target's layers from RAM or disk (default off) [offload] enabled")
     group.add_argument(
@@ -118,8 +134,9 @@ def parse_budget(value: str) -> int | str:
         raise ConfigError("speculation.budget", f"must be an integer >= 1 or 'auto', got {value!r}") from None
 
 
-def engine_config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, dict]:
-    """EngineConfig from --config and flags; also returns the file's [server] section."""
+def engine_config_from_args(args: argparse.Namespace, require_folders: bool = True) -> tuple[EngineConfig, dict]:
+    """EngineConfig from --config and flags; also returns the file's [server] section. require_folders:
+    the model folders must exist (`specexec plan` needs only their shapes)."""
     sections = read_config_file(args.config) if args.config else {}
     overrides: dict[str, dict] = {}
     for flag, (section, field, _kind, _meaning) in ENGINE_FLAGS.items():
@@ -138,7 +155,8 @@ def engine_config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, dic
         if not model.get("name"):
             overrides["model"]["name"] = DEFAULT_MODEL_NAME
     config = engine_config_from(sections, overrides, args.config)
-    check_paths(config)
+    if require_folders:
+        check_paths(config)
     return config, sections.get("server", {})
 
 

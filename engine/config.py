@@ -17,6 +17,7 @@ from typing import Literal
 from engine.types import ConfigError
 
 Method = Literal["specexec", "specinfer", "autoregressive"]
+EXTENSION_FACTOR = 2  # overlap: a tree grows on during its pass to this many times its budget
 OffloadSource = Literal["ram", "disk"]
 
 
@@ -33,6 +34,10 @@ class ModelConfig:
     device: str = "auto"  # auto: cuda if available else cpu
     name: str = ""  # model id served over HTTP; default: target folder name
     threads: int = 0  # CPU threads for torch's kernels; 0: auto (engine.cli.auto_threads)
+    # GPTQ checkpoints: int4 (torch's int4 matmul on bf16 activations, no dense weight per call),
+    # dequantize (gptqmodel's torch kernel: the whole matrix per call), auto (int4 on CPU where it
+    # applies, except a target streamed from disk; dequantize on CUDA until checked on a GPU)
+    gptq_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         require(
@@ -46,6 +51,8 @@ class ModelConfig:
             f"must be auto, cpu or cuda[:N], got {self.device!r}",
         )
         require(self.threads >= 0, "model.threads", f"must be >= 0 (0: auto), got {self.threads!r}")
+        require(self.gptq_kernel in ("auto", "int4", "dequantize"), "model.gptq_kernel",
+                f"must be auto, int4 or dequantize, got {self.gptq_kernel!r}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,13 @@ class SpeculationConfig:
     # tokens per pass (docs/bench/acceptance.md). Seeded requests keep SpecExec trees, whose text is a
     # function of (seed, position) alone. Above 2, the API's largest temperature: SpecExec trees always.
     specinfer_temperature: float = 0.85
+    # the draft grows the trees on while the target scores them (in another thread; on CUDA its own
+    # stream), and what it grew under the step's outcome seeds the next tree; off: draft, then target
+    overlap: bool = True
+
+    def extension_budget(self, budget: int) -> int:
+        """Nodes a tree may grow to during its pass (overlap): EXTENSION_FACTOR x the step's budget; 0 off."""
+        return EXTENSION_FACTOR * budget if self.overlap else 0
 
     def tree_method(self, greedy: bool, temperature: float, seeded: bool) -> Method:
         """The trees a request's steps grow: `method`, except specexec's switch for hot unseeded requests."""
@@ -151,6 +165,9 @@ class LimitsConfig:
     # KV slots kept beyond the running ones for the prefix cache (finished requests' prompt + answer,
     # LRU); fewer when they do not fit; 0 turns prefix reuse off
     prefix_cache_slots: int = 4
+    # prompt tokens a joining request writes per target pass while others decode (its prompt fills in
+    # slices across steps); 0: auto, the most that keeps the pass within twice its cost (engine.pass_times)
+    prefill_slice: int = 0
 
     def __post_init__(self) -> None:
         require(self.max_context is None or self.max_context >= 2, "limits.max_context", "must be >= 2")
@@ -159,6 +176,7 @@ class LimitsConfig:
         require(self.max_running >= 1, "limits.max_running", f"must be >= 1, got {self.max_running!r}")
         require(self.prefix_cache_slots >= 0, "limits.prefix_cache_slots",
                 f"must be >= 0, got {self.prefix_cache_slots!r}")
+        require(self.prefill_slice >= 0, "limits.prefill_slice", f"must be >= 0 (0: auto), got {self.prefill_slice!r}")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import dataclasses
 import gc
 import logging
 import time
+import traceback
 from collections.abc import Callable, Iterator
 
 import torch
@@ -26,6 +27,7 @@ from engine.config import EngineConfig, SpeculationConfig
 from engine.model import checkpoint, faults, memory, memory_plan
 from engine.model.kv_pool import Acquired, KVPool, KVSlot
 from engine.model.pair import LoadedPair, load_pair
+from engine.offload.device import SideStream
 from engine.scheduler import Running, Scheduler
 from engine.speculation.batch import run_batch
 from engine.speculation.budget import BudgetTracker, calibration_budgets
@@ -42,7 +44,6 @@ from engine.types import (
     Request,
     SamplingParams,
     StepOutput,
-    StepStats,
     StructuredOutput,
     TokenDelta,
 )
@@ -66,6 +67,8 @@ class Engine:
         self.budget_tracker: BudgetTracker | None = BudgetTracker() if auto else None
         self.grammars = GrammarCache(self.tokenizer, pair.target.vocab_size, sorted(self.eos_token_ids))
         self.max_running = config.limits.max_running
+        overlap = spec.overlap and pair.draft is not None and spec.method != "autoregressive"
+        self.side_stream = SideStream(self.device) if overlap else None  # the draft beside the target pass
         self.pool: KVPool | None = None  # allocated by reserve_memory (or the first request)
         self.scheduler: Scheduler | None = None
 
@@ -165,7 +168,8 @@ class Engine:
         if slot.target.capacity < target_capacity or (slot.draft is not None and slot.draft.capacity < draft_capacity):
             pool = self._new_pool(len(pool.slots), pool.reuse)
         self.pool = pool
-        self.scheduler = Scheduler(pool, self.max_running, self.max_context, self.budget)
+        self.scheduler = Scheduler(pool, self.max_running, self.max_context, self.budget,
+                                   self.config.limits.prefill_slice)
 
     @property
     def budget(self) -> int:
@@ -290,9 +294,10 @@ class Engine:
     def step(self) -> StepOutput:
         """schedule -> run -> postprocess: one target pass over every running request's tree.
 
-        Raises EngineFault on a CUDA runtime error (the engine is down). Running out of device memory,
-        or any other error in the step, fails the step's requests (StepOutput.failures; their slots
-        are freed) and the engine goes on."""
+        Raises EngineFault on a CUDA runtime error (the engine is down). An error that belongs to one
+        request (its grammar, its sampling, running out of memory in its tree) fails that request alone
+        (StepOutput.failures; its slot is freed) and the others go on; a failing target pass fails
+        every request in it, and the engine goes on."""
         scheduler = self.scheduler
         if scheduler is None or not scheduler.running:
             return StepOutput()
@@ -300,26 +305,37 @@ class Engine:
         tracker = self.budget_tracker
         # --budget auto: the pass's total, from the oldest running request's sampling regime
         total = self.budget if tracker is None else tracker.choose(scheduler.running[0].seq.params.acceptance_key)
-        batch = scheduler.schedule(total)
-        items = [running.batch_item() for running in batch]
+        scheduled = scheduler.schedule(total)
+        batch = [running for running, _ in scheduled]
         try:
-            results = run_batch(self.pair.target, items)
+            outcome = run_batch(self.pair.target, [item for _, item in scheduled], self.side_stream)
         except Exception as exc:
             error = self._step_error(batch, exc)  # EngineFault raises from here
-        else:
-            if tracker is not None:
-                self._observe(tracker, batch, results)
-            return scheduler.postprocess(batch, results, begin)
-        del items  # with the exception gone, the step's tensors are free
-        for running in batch:
-            scheduler.release(running, reusable=False)
-        gc.collect()
-        faults.release_device_memory(self.device)
-        return StepOutput(failures=[(running.request_id, error) for running in batch])
+            del scheduled  # with the exception's frames cleared, the step's tensors are free
+            return StepOutput(failures=self._fail(batch, [error] * len(batch)))
+        failed = [(r, e) for r, e in zip(batch, outcome.results, strict=True) if isinstance(e, Exception)]
+        failures = self._fail([r for r, _ in failed], [self._request_failure(r, e) for r, e in failed])
+        if tracker is not None:
+            self._observe(tracker, batch, outcome.results)
+        output = scheduler.postprocess(batch, outcome, begin)
+        output.failures = failures
+        return output
 
-    def _observe(self, tracker: BudgetTracker, batch: list[Running], results: list[tuple[list[int], StepStats]]) -> None:
+    def _fail(self, batch: list[Running], errors: list[BaseException]) -> list[tuple[str, BaseException]]:
+        """The requests leave; their slots are not reused (their caches may be half written). No full
+        garbage collection here (it would hold the interpreter for the event loop too): the errors'
+        frames are cleared, so what they held is freed when they are."""
+        for running, error in zip(batch, errors, strict=True):
+            self.scheduler.release(running, reusable=False)  # type: ignore[union-attr]
+            traceback.clear_frames(error.__traceback__)
+        if any(faults.is_out_of_memory(error) or isinstance(error, OutOfMemory) for error in errors):
+            faults.release_device_memory(self.device)
+        return [(running.request_id, error) for running, error in zip(batch, errors, strict=True)]
+
+    def _observe(self, tracker: BudgetTracker, batch: list[Running], results: list) -> None:
         """--budget auto learns step times from single-request steps, acceptance from every request."""
-        for running, (_ids, stats) in zip(batch, results, strict=True):
+        decoded = [(running, result) for running, result in zip(batch, results, strict=True) if isinstance(result, tuple)]
+        for running, (_ids, stats) in decoded:
             key, curve = running.seq.params.acceptance_key, running.seq.acceptance_curve
             if len(batch) == 1:
                 timings = (stats.draft_seconds, stats.target_seconds, stats.step_seconds)
@@ -328,7 +344,7 @@ class Engine:
                 tracker.observe_curve(key, curve)
 
     def _step_error(self, batch: list[Running], exc: Exception) -> BaseException:
-        """What a failed step's requests get: OutOfMemory (with what to change) or the error itself.
+        """What a failed pass's requests get: OutOfMemory (with what to change) or the error itself.
         A CUDA runtime error raises EngineFault instead."""
         if faults.is_device_fault(exc):
             raise EngineFault(f"device error while generating: {faults.first_line(exc)}") from exc
@@ -342,6 +358,15 @@ class Engine:
             "and their memory freed. Retry with a shorter prompt, or restart with a lower --budget, "
             "--max-running or --max-context"
         )
+
+    def _request_failure(self, running: Running, exc: Exception) -> BaseException:
+        """What a request that failed alone gets: its own error (StructuredOutputError and other
+        ValueErrors say what about the request is wrong), OutOfMemory if it ran out of memory."""
+        if faults.is_out_of_memory(exc):
+            return self._step_error([running], exc)
+        if not isinstance(exc, ValueError):
+            log.error("request %s failed in a step", running.request_id, exc_info=exc)
+        return exc
 
     # -- one request alone (scripts, benchmarks) -----------------------------------------------
     def generate(

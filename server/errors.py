@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.types import ContextLengthError, EngineFault, OutOfMemory
+from engine.types import ContextLengthError, EngineFault, OutOfMemory, StructuredOutputError
 
 log = logging.getLogger("specexec.server")
 
@@ -168,6 +168,8 @@ def generation_error(exc: BaseException) -> APIError:
         return engine_down(str(exc))
     if isinstance(exc, OutOfMemory):
         return out_of_memory(exc)
+    if isinstance(exc, StructuredOutputError):  # the request's grammar: its own 400, the others go on
+        return invalid_request(f"Invalid structured output: {exc}.", None, "invalid_value")
     return internal_error(exc)
 
 

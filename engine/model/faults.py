@@ -52,3 +52,11 @@ def release_device_memory(device: torch.device) -> None:
     """Return cached blocks to the device after a failed request dropped its tensors."""
     if device.type == "cuda":  # CUDA-only
         torch.cuda.empty_cache()
+
+
+def request_error(exc: Exception) -> Exception:
+    """`exc`, raised by one request's own part of a step (its tree, its verification): that request
+    fails alone. A device fault is the engine's, not the request's: it is raised again."""
+    if is_device_fault(exc):
+        raise exc
+    return exc

@@ -50,14 +50,17 @@ class KVCache:
 
     def commit(self, slots: torch.Tensor) -> None:
         """Append the rows at `slots` ([m], ascending positions) to the committed prefix."""
-        num = slots.shape[0]
-        start, end = self.length, self.length + num
-        assert end <= self.capacity, f"KV cache overflow on commit: {end} > {self.capacity}"
-        # Advanced indexing gathers into a new tensor first, so overlapping source/target is safe.
+        self.move(slots, self.length)  # gathered first: overlapping source/target is safe
+        self.length += slots.shape[0]
+
+    def move(self, slots: torch.Tensor, start: int) -> None:
+        """Copy the rows at `slots` ([m]) to slots [start, start + m) (gathered first: the ranges may
+        overlap); the committed length is unchanged."""
+        end = start + slots.shape[0]
+        assert end <= self.capacity, f"KV cache overflow on move: {end} > {self.capacity}"
         self.keys[:, :, start:end] = self.keys[:, :, slots]
         self.values[:, :, start:end] = self.values[:, :, slots]
         self.positions[start:end] = self.positions[slots]
-        self.length = end
 
     def copy_prefix(self, source: KVCache, length: int) -> None:
         """Slots [0, length) of `source` (every layer, positions too) become this cache's committed prefix."""

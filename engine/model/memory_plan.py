@@ -5,7 +5,8 @@
 
 Items already on the device when the plan is checked (weights, the offload ring) are measured; the
 KV caches are allocated right after the check; workspaces are the largest transient tensors of a
-step and of prefill. The attention estimate assumes the tree pass never materialises
+step and of prefill (and, for GPTQ layers on the dequantize kernel, the dense matrix and temporaries
+it makes on every call). The attention estimate assumes the tree pass never materialises
 [heads, n, context] scores (an arbitrary-mask kernel, not the math fallback).
 """
 
@@ -58,6 +59,7 @@ class PlanInputs:
     reserve_bytes: int = 0  # kept free for kernels and the allocator
     max_running: int = 1  # trees per target pass (their roots add to the budget's nodes)
     kv_slots: int = 1  # target + draft KV cache pairs: running requests plus prefix cache
+    dequant_scratch_bytes: int = 0  # GPTQ dequantize kernel: its largest matrix's temporaries per call
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,8 @@ def gb(nbytes: int) -> str:
 
 def cache_capacities(max_context: int, budget: int, max_depth: int, max_expand: int) -> tuple[int, int]:
     """KV slots of the target and draft caches: the context plus the largest tree (target), plus one
-    slot per node the draft may expand in a step (draft)."""
+    slot per node the draft may expand in a step (draft). With overlap, a seed and the growth during the
+    pass share the draft's room: growth stops where the cache is full (Drafter.room)."""
     target = max_context + budget + 1
     draft = max_context + max_depth * min(max_expand, budget + 1) + 2
     return target, draft
@@ -146,6 +149,8 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
             PlanItem("draft masks", mask_bytes(draft, max(rows, chunk), draft_capacity), False),
             PlanItem("draft activations", activation_bytes(draft, max(rows, chunk)), False),
         ]
+    if inputs.dequant_scratch_bytes:
+        items.append(PlanItem("GPTQ dequantization scratch", inputs.dequant_scratch_bytes, False))
     if inputs.reserve_bytes:
         items.append(PlanItem("kernel and allocator reserve", inputs.reserve_bytes, False))
     return MemoryPlan(tuple(items))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import pairwise
 
 import torch
@@ -57,6 +59,27 @@ class PhaseClock:
             return [end - begin for begin, end in pairwise(self._times)]
         self._events[-1].synchronize()  # CUDA-only: already complete after the caller's sync
         return [begin.elapsed_time(end) / 1000 for begin, end in pairwise(self._events)]
+
+
+class SideStream:
+    """Work beside the current stream (the draft while the target's pass runs in another thread): on
+    CUDA a stream of its own, ordered after what the current stream queued before, and the current
+    stream after it when done; on CPU the work simply runs (another thread computes beside it)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # CUDA-only
+
+    @contextmanager
+    def run(self) -> Iterator[None]:
+        if self.stream is None:
+            yield
+            return
+        current = torch.cuda.current_stream(self.device)  # CUDA-only from here
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            yield
+        current.wait_stream(self.stream)
 
 
 PAGE = 4096  # bytes; direct (O_DIRECT) reads need block-aligned buffers, offsets and lengths

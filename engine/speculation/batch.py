@@ -1,10 +1,12 @@
 """One engine step over several sequences: grow every tree (in lockstep: one draft pass per round for
 all of them), score every tree in ONE target pass, verify each.
 
-The pass is `DecoderRunner.forward_groups`: joining sequences' prompt chunks come first (one group per
-chunk, causal), then one group holding every tree (each over its own cache, slots and positions,
+The pass is `DecoderRunner.forward_groups`: joining sequences' prompt slices come first (one group
+per chunk, causal), then one group holding every tree (each over its own cache, slots and positions,
 masked to its prefix and its own ancestors), so a streamed target loads each layer once per step
-however many sequences run. Verification and commit are per sequence, with its own generator.
+however many sequences run. With a `SideStream` the pass runs in a thread of its own while the draft
+grows the trees on (engine.speculation.overlap). Verification and commit are per sequence, with its
+own generator; an error in one sequence's tree or verification fails that sequence alone.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.model.faults import request_error
 from engine.model.runner import DecoderRunner, Segment, prefill_groups
-from engine.offload.device import PhaseClock
-from engine.speculation.draft import run_growths
+from engine.offload.device import PhaseClock, SideStream
+from engine.speculation.draft import Growth, run_growths
+from engine.speculation.overlap import BackgroundPass
 from engine.speculation.step import (
     PREFILL_CHUNK,
     SequenceState,
     StepContext,
+    can_extend,
     commit_step,
+    extension_growth,
     prefill,
     step_depth,
     tree_growth,
@@ -29,16 +35,33 @@ from engine.speculation.step import (
 from engine.speculation.tree import Tree, prefix_tree_mask
 from engine.types import StepStats
 
+# a sequence's outcome of a step: its new tokens and stats; None while it only prefilled; or its error
+ItemResult = tuple[list[int], StepStats] | None | Exception
+
+
+@dataclass
+class BatchResult:
+    """A step's outcome per sequence (in the items' order) and its pass as a whole."""
+
+    results: list[ItemResult]
+    pass_tokens: int  # prompt slices and tree nodes the target pass scored
+    draft_seconds: float  # growing the trees before the pass
+    target_seconds: float  # the pass (the draft's extensions ran beside it)
+    overlap_seconds: float  # the draft's extensions, within target_seconds
+    step_seconds: float
+
 
 @dataclass
 class BatchItem:
-    """One running sequence in a step; `prefill_ids` go to the target cache before its tree (a
-    sequence joining this step: its prompt after the cached prefix, the root excluded)."""
+    """One running sequence in a step; `prefill_ids` go to the target cache before its tree (a slice of
+    a joining sequence's prompt after the cached prefix, the root excluded). Without `decode` the
+    sequence only prefills this step (more of its prompt follows): no tree."""
 
     ctx: StepContext
     seq: SequenceState
     prefill_ids: list[int]
     draft_prefill_ids: list[int]
+    decode: bool = True
 
 
 def tree_segment(ctx: StepContext, tree: Tree) -> Segment:
@@ -49,8 +72,8 @@ def tree_segment(ctx: StepContext, tree: Tree) -> Segment:
     return Segment(tree.token_ids, start + tree.depths, ctx.target_cache, start, mask)
 
 
-def pass_groups(items: list[BatchItem], trees: list[Tree]) -> list[list[Segment]]:
-    """Prompt chunks of joining sequences (advancing their caches' lengths), then all trees as one group."""
+def pass_groups(items: list[BatchItem], trees: list[Tree | None]) -> list[list[Segment]]:
+    """Prompt slices (advancing their caches' lengths), then every tree as one group (if any)."""
     groups: list[list[Segment]] = []
     for item in items:
         if item.prefill_ids:
@@ -58,48 +81,101 @@ def pass_groups(items: list[BatchItem], trees: list[Tree]) -> list[list[Segment]
             ids = torch.tensor(item.prefill_ids, device=cache.device)
             groups += prefill_groups(ids, cache, cache.length, PREFILL_CHUNK)
             cache.length += len(item.prefill_ids)
-    groups.append([tree_segment(item.ctx, tree) for item, tree in zip(items, trees, strict=True)])
-    return groups
+    segments = [tree_segment(item.ctx, tree) for item, tree in zip(items, trees, strict=True) if tree is not None]
+    return groups + [segments] if segments else groups
 
 
-def score_trees(target: DecoderRunner, items: list[BatchItem], trees: list[Tree]) -> list[torch.Tensor]:
-    """One target pass over every item's pending prompt and tree. Returns each tree's [n_i, vocab] logits."""
-    logits = target.forward_groups(pass_groups(items, trees))[-1]
-    assert all(part is not None for part in logits), "every tree row asks for logits"
-    return [part for part in logits if part is not None]
+def grow_trees(items: list[BatchItem]) -> list[Tree | None | Exception]:
+    """Each item's draft prefill slice, then its tree (None while it only prefills), grown in lockstep."""
+    outcomes: list[Tree | None | Exception] = [None] * len(items)
+    growths: list[tuple[int, DecoderRunner, Growth]] = []
+    for index, item in enumerate(items):
+        ctx, seq = item.ctx, item.seq
+        try:
+            if item.draft_prefill_ids:
+                prefill(ctx.drafter.runner, ctx.drafter.cache, item.draft_prefill_ids)
+            if item.decode:
+                growths.append((index, ctx.drafter.runner, tree_growth(ctx, seq, step_depth(ctx, seq))))
+        except Exception as exc:
+            outcomes[index] = request_error(exc)
+    trees = run_growths([(runner, growth) for _, runner, growth in growths])
+    for (index, _, _), tree in zip(growths, trees, strict=True):
+        outcomes[index] = tree
+    return outcomes
 
 
-def run_batch(target: DecoderRunner, items: list[BatchItem]) -> list[tuple[list[int], StepStats]]:
-    """Append each sequence's step tokens (accepted path + bonus); returns them and per-sequence stats."""
+def score_trees(
+    target: DecoderRunner, items: list[BatchItem], trees: list[Tree | None], side: SideStream | None
+) -> tuple[list[torch.Tensor | None], list[Tree | None], float]:
+    """ONE target pass over every item's prompt slice and tree: each tree's [n_i, vocab] logits (None
+    without a tree). With `side`, the draft grows each SpecExec tree on while the pass runs: those
+    extensions, and the seconds the draft spent on them."""
+    groups = pass_groups(items, trees)
+    grown: list[Tree | None] = [None] * len(items)
+    extendable = [index for index, (item, tree) in enumerate(zip(items, trees, strict=True))
+                  if side is not None and tree is not None and can_extend(item.ctx, tree)]
+    seconds = 0.0
+    if extendable:
+        background = BackgroundPass(lambda: target.forward_groups(groups), target.device)
+        begin = time.perf_counter()
+        growths = [(items[index].ctx.drafter.runner,
+                    extension_growth(items[index].ctx, items[index].seq, trees[index], background.done))  # type: ignore[arg-type]
+                   for index in extendable]
+        try:
+            with side.run():  # type: ignore[union-attr]
+                outcomes = run_growths(growths)
+        finally:
+            seconds = time.perf_counter() - begin
+            outputs = background.result()  # the pass has ended before the step goes on, or raises
+        for index, outcome in zip(extendable, outcomes, strict=True):
+            grown[index] = None if isinstance(outcome, Exception) else outcome  # only a proposal: drop it
+    else:
+        outputs = target.forward_groups(groups) if groups else []
+    tree_logits = iter(outputs[-1] if any(tree is not None for tree in trees) else [])
+    return [next(tree_logits) if tree is not None else None for tree in trees], grown, seconds
+
+
+def run_batch(target: DecoderRunner, items: list[BatchItem], side: SideStream | None = None) -> BatchResult:
+    """Append each decoding sequence's step tokens (accepted path + bonus); returns them and per-sequence
+    stats, None for a sequence that only prefilled, or the exception that failed that sequence alone.
+    A failing target pass raises (every sequence in it fails)."""
     assert items, "a step needs a running sequence"
     device = items[0].ctx.target_cache.device
     begin = time.perf_counter()
     clock = PhaseClock(device)  # draft | target, read after the step's host syncs below
-    growths = []
-    for item in items:
-        ctx, seq = item.ctx, item.seq
-        if item.draft_prefill_ids:
-            prefill(ctx.drafter.runner, ctx.drafter.cache, item.draft_prefill_ids)
-        growths.append((ctx.drafter.runner, tree_growth(ctx, seq, step_depth(ctx, seq))))
-    trees = run_growths(growths)  # the trees grow in lockstep: one draft pass per round for all
+    outcomes = grow_trees(items)
     clock.mark()
-    pass_tokens = sum(len(item.prefill_ids) for item in items) + sum(tree.num_nodes for tree in trees)
-    logits = score_trees(target, items, trees)
+    live = [index for index, outcome in enumerate(outcomes) if not isinstance(outcome, Exception)]
+    trees: list[Tree | None] = [outcomes[index] for index in live]  # type: ignore[misc]
+    pass_items = [items[index] for index in live]
+    pass_tokens = sum(len(item.prefill_ids) for item in pass_items) + sum(t.num_nodes for t in trees if t is not None)
+    logits, grown, overlap_seconds = score_trees(target, pass_items, trees, side)
     clock.mark()
-    new_ids = [commit_step(item.ctx, item.seq, tree, part) for item, tree, part in zip(items, trees, logits, strict=True)]
+    results: list[ItemResult] = list(outcomes)  # type: ignore[arg-type]  # exceptions stay; the rest is set below
+    for index, item, tree, part, extension in zip(live, pass_items, trees, logits, grown, strict=True):
+        if tree is None:
+            results[index] = None
+            continue
+        try:
+            results[index] = commit_step(item.ctx, item.seq, tree, part, extension)
+        except Exception as exc:
+            results[index] = request_error(exc)
     draft_seconds, target_seconds = clock.seconds()
     step_seconds = time.perf_counter() - begin
-    return [
-        (ids, StepStats(
+    for index, item, tree in zip(live, pass_items, trees, strict=True):
+        result = results[index]
+        if tree is None or isinstance(result, Exception):
+            continue
+        results[index] = (result, StepStats(
             tree_size=tree.num_nodes,
-            num_accepted=len(ids) - 1,
-            num_emitted=len(ids),
+            num_accepted=len(result) - 1,
+            num_emitted=len(result),
             draft_seconds=draft_seconds,
             target_seconds=target_seconds,
             step_seconds=step_seconds,
-            batch_size=len(items),
+            batch_size=len(pass_items),
             pass_tokens=pass_tokens,
             expected_accepted=item.seq.expected_accepted,
+            overlap_seconds=overlap_seconds,
         ))
-        for ids, tree, item in zip(new_ids, trees, items, strict=True)
-    ]
+    return BatchResult(results, pass_tokens, draft_seconds, target_seconds, overlap_seconds, step_seconds)

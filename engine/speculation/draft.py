@@ -12,6 +12,7 @@ so the growths of every request in a step advance in lockstep and share one draf
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -19,10 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import SpeculationConfig
+from engine.model.faults import request_error
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner, Segment
 from engine.speculation.sampling import apply_logit_bias, process_logits
-from engine.speculation.tree import Tree, append_nodes, causal_mask
+from engine.speculation.tree import Tree, append_nodes, causal_mask, trim
 from engine.types import SamplingParams
 
 # mask(tree, nodes [k]) -> [k, vocab] bool: the tokens a grammar allows after each node (structured output)
@@ -41,13 +43,18 @@ class GrowLimits:
 
 
 class Drafter:
-    """The draft model with its cache, restricted to the target's vocabulary."""
+    """The draft model with its cache, restricted to the target's vocabulary and its own embedding.
+
+    It drafts only ids below both (an id past its embedding could not be fed back to it). Ids the
+    target emits past the draft's embedding (a target vocabulary padded further than the draft's)
+    are fed to the draft as its runner's fallback_input_id: the draft only proposes, so exactness
+    does not depend on what it sees."""
 
     def __init__(self, runner: DecoderRunner, cache: KVCache, target_vocab_size: int):
         self.runner = runner
         self.cache = cache
-        self.vocab_limit = min(target_vocab_size, runner.vocab_size)
-        # [draft vocab] bool: ids past the target's vocabulary (a padded draft), never drafted
+        self.vocab_limit = min(target_vocab_size, runner.vocab_size, runner.num_embeddings)
+        # [draft vocab] bool: ids past the target's vocabulary or the draft's embedding, never drafted
         self.outside_target = torch.arange(runner.vocab_size, device=cache.device) >= self.vocab_limit
         self.next_slot = 0
 
@@ -83,7 +90,7 @@ class Drafter:
         return self.cache.capacity - self.next_slot
 
     def mask_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """[k, draft vocab] -> the same with ids past the target's vocabulary at -inf. Out of place:
+        """[k, draft vocab] -> the same with ids past vocab_limit at -inf. Out of place:
         the runner's logits are inference tensors."""
         if logits.shape[1] > self.vocab_limit:
             return logits.masked_fill(self.outside_target[: logits.shape[1]], float("-inf"))
@@ -93,6 +100,19 @@ class Drafter:
         """Keep the accepted path's draft KV (the expanded nodes form a prefix of the path)."""
         slots = tree.draft_slots[path]
         self.cache.commit(slots[slots >= 0])
+
+    def adopt(self, tree: Tree) -> Tree:
+        """A tree grown in earlier steps (a seed, rooted at the last committed token, its root expanded):
+        its expanded nodes' KV moves to the slots right after the committed prefix, in node order (the
+        root at cache.length, where a fresh root would be). Returns the tree with those slots."""
+        expanded = (tree.draft_slots >= 0).nonzero().squeeze(1)  # [k] ascending, the root first
+        start = self.cache.length
+        slots = torch.arange(start, start + expanded.shape[0], device=expanded.device)
+        self.cache.move(tree.draft_slots[expanded], start)
+        draft_slots = tree.draft_slots.clone()
+        draft_slots[expanded] = slots
+        self.next_slot = start + expanded.shape[0]
+        return dataclasses.replace(tree, draft_slots=draft_slots)
 
 
 def draft_log_probs(
@@ -137,24 +157,40 @@ def grow_tree(
     spec: SpeculationConfig,
     limits: GrowLimits,
     mask: MaskFn | None = None,
+    seed: Tree | None = None,
+    seeded_forwards: int = 0,
 ) -> Growth:
     """SpecExec: best-first expansion of the K best unexpanded leaves per draft forward, each
     proposing its top-w children; keep the `budget` best nodes by cumulative draft log-prob. With
-    `mask`, children it forbids are never proposed."""
+    `mask`, children it forbids are never proposed. With a `seed` (a tree already grown under this
+    root while the target scored the last one, engine.speculation.overlap) growth goes on from it for
+    the forwards a fresh tree would get less those the extension spent on it, at least `seeded_forwards`."""
+    expand = scored_expand(drafter, params, spec)
+    if seed is not None and not pending_ids:
+        tree = reoffer(drafter.adopt(trim(seed, limits.budget + 1, limits.max_depth)), spec, limits)
+        # the forwards a fresh tree gets, less those its extension already spent (a long pass: few)
+        forwards = max(seeded_forwards, limits.max_depth - 1 - seed.extension_forwards)
+        return (yield from best_first_search(tree, tree.draft_slots >= 0, expand, spec, limits, drafter.room, mask,
+                                             forwards))
     root_logits = yield from drafter.catch_up(pending_ids, root_id)
     tree = root_tree(root_id, drafter.cache.length, root_logits.device)
+    root_log_probs = draft_log_probs(
+        root_logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale
+    )
+    return (yield from search_from_root(tree, root_log_probs, expand, spec, limits, drafter.room, mask))
+
+
+def scored_expand(drafter: Drafter, params: SamplingParams, spec: SpeculationConfig) -> ExpandFn:
+    """expand(tree, selected) for best-first search: the drafter's forward, as draft_log_probs."""
 
     def expand(tree: Tree, selected: torch.Tensor) -> Generator[Segment, torch.Tensor, torch.Tensor]:
         logits = yield from drafter.expand(tree, selected)
         return draft_log_probs(logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale)
 
-    root_log_probs = draft_log_probs(
-        root_logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale
-    )
-    return (yield from best_first_search(tree, root_log_probs, expand, spec, limits, drafter.room, mask))
+    return expand
 
 
-def best_first_search(
+def search_from_root(
     tree: Tree,
     root_log_probs: torch.Tensor,
     expand: ExpandFn,
@@ -163,23 +199,45 @@ def best_first_search(
     room: Callable[[], int],
     mask: MaskFn | None = None,
 ) -> Growth:
-    """The search loop over a root-only tree. expand(tree, selected [k]) yields its forward and
-    returns [k, vocab] draft log-probs; mask: every expanded node's log-probs (the root's included)
-    are conditioned on what it allows."""
-    expanded = torch.ones(1, dtype=torch.bool, device=root_log_probs.device)
-    selected = torch.zeros(1, dtype=torch.long, device=root_log_probs.device)
-    log_probs = root_log_probs
-    for forward_idx in range(limits.max_depth):
-        if mask is not None:
-            log_probs = renormalise(log_probs, mask(tree, selected))
-        tree, expanded = add_best_children(tree, expanded, selected, log_probs, spec, limits.budget)
-        if forward_idx == limits.max_depth - 1:
+    """The search over a root-only tree whose root's draft log-probs ([1, vocab]) are known: its
+    children, then up to max_depth - 1 more draft forwards."""
+    if mask is not None:
+        root_log_probs = renormalise(root_log_probs, mask(tree, tree.parents.new_zeros(1)))
+    tree, expanded = add_best_children(tree, tree.draft_slots >= 0, tree.parents.new_zeros(1),
+                                       *propose(root_log_probs, spec.max_children), spec.decay, limits.budget)
+    return (yield from best_first_search(tree, expanded, expand, spec, limits, room, mask, limits.max_depth - 1))
+
+
+def best_first_search(
+    tree: Tree,
+    expanded: torch.Tensor,
+    expand: ExpandFn,
+    spec: SpeculationConfig,
+    limits: GrowLimits,
+    room: Callable[[], int],
+    mask: MaskFn | None,
+    max_forwards: int,
+    stop: Callable[[], bool] | None = None,
+) -> Growth:
+    """Best-first growth of `tree` (expanded: [n] bool) for at most `max_forwards` draft forwards, or
+    until `stop()` says so between forwards. expand(tree, selected [k]) yields its forward and returns
+    [k, vocab] draft log-probs; mask: every expanded node's log-probs are conditioned on what it allows."""
+    num_forwards = 0
+    for num_forwards in range(max_forwards):  # noqa: B007  # the count is read after the loop
+        if stop is not None and stop():
             break
         selected = select_leaves(tree, expanded, spec.max_expand, limits, room())
         if selected.numel() == 0:
             break
         expanded[selected] = True
         log_probs = yield from expand(tree, selected)
+        if mask is not None:
+            log_probs = renormalise(log_probs, mask(tree, selected))
+        tree, expanded = add_best_children(tree, expanded, selected, *propose(log_probs, spec.max_children),
+                                           spec.decay, limits.budget)
+    else:
+        num_forwards = max_forwards
+    tree.extension_forwards = num_forwards if stop is not None else 0
     return tree
 
 
@@ -194,22 +252,53 @@ def select_leaves(
     return candidates.nonzero().squeeze(1)[: min(max_expand, room)]
 
 
+def propose(log_probs: torch.Tensor, max_children: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[k, vocab] log-probs -> the top-w children of each row: ([k, w] log-probs, [k, w] token ids)."""
+    return log_probs.topk(min(max_children, log_probs.shape[1]), dim=-1)
+
+
+def reoffer(tree: Tree, spec: SpeculationConfig, limits: GrowLimits) -> Tree:
+    """Offer again the children every expanded node proposed (tree.child_lp / child_ids) that are not in
+    the tree, e.g. dropped when it belonged to a larger tree; keeps the best budget + 1. No forward."""
+    if tree.child_lp is None:
+        return tree
+    selected = ((tree.draft_slots >= 0) & (tree.depths < limits.max_depth)).nonzero().squeeze(1)
+    expanded = tree.draft_slots >= 0
+    return add_best_children(tree, expanded, selected, tree.child_lp[selected], tree.child_ids[selected],
+                             spec.decay, limits.budget, skip_present=True)[0]
+
+
+def child_keys(parents: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """One int64 per (parent node, token) pair."""
+    return parents * (1 << 32) + token_ids
+
+
 def add_best_children(
     tree: Tree,
     expanded: torch.Tensor,
     selected: torch.Tensor,
-    log_probs: torch.Tensor,
-    spec: SpeculationConfig,
+    child_lp: torch.Tensor,
+    child_ids: torch.Tensor,
+    decay: float,
     budget: int,
+    skip_present: bool = False,
 ) -> tuple[Tree, torch.Tensor]:
-    """Propose top-w children of each selected node; keep the best budget + 1 nodes (root included)."""
-    num_children = min(spec.max_children, log_probs.shape[1])
-    child_lp, child_ids = log_probs.topk(num_children, dim=-1)  # [k, w]
-    child_scores = tree.scores[selected, None] + child_lp + math.log(spec.decay)  # [k, w]
+    """Add the proposed children (child_lp, child_ids: [k, w]) of the `selected` nodes ([k]); keep the
+    best budget + 1 nodes (root included). The proposals are kept in tree.child_lp / child_ids.
+    skip_present: proposals already in the tree are not added again (siblings stay distinct)."""
+    num_nodes, width = tree.num_nodes, child_lp.shape[1]
+    stored_lp = tree.child_lp if tree.child_lp is not None else child_lp.new_full((num_nodes, width), float("-inf"))
+    stored_ids = tree.child_ids if tree.child_ids is not None else child_ids.new_zeros((num_nodes, width))
+    stored_lp, stored_ids = stored_lp.clone(), stored_ids.clone()
+    stored_lp[selected], stored_ids[selected] = child_lp, child_ids
+    if skip_present:
+        present = torch.isin(child_keys(selected[:, None], child_ids), child_keys(tree.parents[1:], tree.token_ids[1:]))
+        child_lp = child_lp.masked_fill(present, float("-inf"))
+    child_scores = tree.scores[selected, None] + child_lp + math.log(decay)  # [k, w]
     flat_scores, flat_idx = child_scores.flatten().topk(min(child_scores.numel(), budget))
     finite = flat_scores > float("-inf")
     flat_scores, flat_idx = flat_scores[finite], flat_idx[finite]
-    child_parents = selected[flat_idx // num_children]
+    child_parents = selected[flat_idx // width]
     child_ids = child_ids.flatten()[flat_idx]
 
     scores = torch.cat([tree.scores, flat_scores])
@@ -229,6 +318,8 @@ def add_best_children(
         scores=scores[order],
         ancestors=ancestors,
         draft_slots=torch.cat([tree.draft_slots, tree.draft_slots.new_full((num_new,), -1)])[order],
+        child_lp=torch.cat([stored_lp, stored_lp.new_full((num_new, width), float("-inf"))])[order],
+        child_ids=torch.cat([stored_ids, stored_ids.new_zeros((num_new, width))])[order],
     )
     return new_tree, torch.cat([expanded, expanded.new_zeros(num_new)])[order]
 
@@ -301,11 +392,13 @@ def append_children(tree: Tree, parents: torch.Tensor, token_ids: torch.Tensor, 
     )
 
 
-def run_growths(growths: list[tuple[DecoderRunner | None, Growth]]) -> list[Tree]:
+def run_growths(growths: list[tuple[DecoderRunner | None, Growth]]) -> list[Tree | Exception]:
     """Advance every (runner, growth) in lockstep; returns their trees. Each round, the forwards the
     growths ask for run as one draft pass per runner, one segment each over its own cache (dense work
-    shared, attention per segment). A growth that asks for none (runner may then be None) just returns."""
-    trees: list[Tree | None] = [None] * len(growths)
+    shared, attention per segment). A growth that asks for none (runner may then be None) just returns.
+    A growth that raises ends with its exception in its place (a device fault is raised: the engine's);
+    the others go on. A failing draft pass raises."""
+    trees: list[Tree | Exception | None] = [None] * len(growths)
     asks: dict[int, Segment] = {}
 
     def advance(index: int, logits: torch.Tensor | None) -> None:
@@ -313,6 +406,8 @@ def run_growths(growths: list[tuple[DecoderRunner | None, Growth]]) -> list[Tree
             asks[index] = growths[index][1].send(logits)  # type: ignore[arg-type]  # None starts it
         except StopIteration as done:
             trees[index] = done.value
+        except Exception as exc:
+            trees[index] = request_error(exc)
 
     for index in range(len(growths)):
         advance(index, None)
@@ -329,4 +424,7 @@ def run_growths(growths: list[tuple[DecoderRunner | None, Growth]]) -> list[Tree
 
 
 def run_growth(runner: DecoderRunner | None, growth: Growth) -> Tree:
-    return run_growths([(runner, growth)])[0]
+    tree = run_growths([(runner, growth)])[0]
+    if isinstance(tree, Exception):
+        raise tree
+    return tree

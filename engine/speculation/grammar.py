@@ -2,7 +2,8 @@
 tree node may take.
 
 `GrammarCache` compiles `StructuredOutput` specs, once per spec (LRU; one compile at a time per spec), for
-one tokenizer and vocabulary. A compiled grammar also stays while any spec object it was compiled for
+one tokenizer and vocabulary (one xgrammar compiler per set of special tokens a spec lets through;
+usually one). A compiled grammar also stays while any spec object it was compiled for
 lives: a request validated by the server and still queued finds its grammar when it starts, however
 many others went through the LRU meanwhile (else the engine's own thread would compile it, and every
 running request would wait). JSON schemas are checked first for keywords the grammar engine would not
@@ -17,6 +18,7 @@ xgrammar is imported on first use: a server that never sees a grammar never load
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -46,7 +48,8 @@ _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # xgrammar's "[hh:mm:ss] fi
 
 
 def compile_error(spec: StructuredOutput, exc: Exception) -> StructuredOutputError:
-    what = {"json_object": "JSON grammar", "json_schema": "JSON schema", "regex": "regex"}[spec.kind]
+    what = {"json_object": "JSON grammar", "json_schema": "JSON schema", "regex": "regex",
+            "structural_tag": "structural tag"}[spec.kind]
     first = _LOG_PREFIX.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
     return StructuredOutputError(f"the {what} cannot be compiled: {first}")
 
@@ -67,7 +70,7 @@ class GrammarCache:
         self._held: dict[StructuredOutput, list[Any]] = {}
         self._released: deque[StructuredOutput] = deque()
         self._compiling: dict[StructuredOutput, Future[xgrammar.CompiledGrammar]] = {}
-        self._compiler: xgrammar.GrammarCompiler | None = None
+        self._compilers: dict[tuple[str, ...], xgrammar.GrammarCompiler] = {}  # by the special tokens kept
         self._lock = threading.Lock()
 
     def compile(self, spec: StructuredOutput) -> xgrammar.CompiledGrammar:
@@ -79,7 +82,7 @@ class GrammarCache:
             if compiled is not None:
                 self._hold(spec, compiled)
                 return compiled
-            compiler = self._get_compiler()
+            compiler = self._get_compiler(spec.special_tokens)
             pending = self._compiling.get(spec)
             owner = pending is None
             if pending is None:
@@ -120,7 +123,7 @@ class GrammarCache:
 
     def _hold(self, spec: StructuredOutput, compiled: xgrammar.CompiledGrammar) -> None:
         """Under the lock: keep `compiled` until this `spec` object is garbage."""
-        key = StructuredOutput(spec.kind, spec.spec)  # an equal copy: a key must not keep `spec` alive
+        key = dataclasses.replace(spec)  # an equal copy: a key must not keep `spec` alive
         entry = self._held.setdefault(key, [compiled, 0])
         entry[1] += 1
         weakref.finalize(spec, self._released.append, key)
@@ -137,17 +140,18 @@ class GrammarCache:
     def new_state(self, spec: StructuredOutput, device: torch.device) -> GrammarState:
         return GrammarState(self.compile(spec), self.vocab_size, device)
 
-    def _get_compiler(self) -> xgrammar.GrammarCompiler:
+    def _get_compiler(self, kept: tuple[str, ...]) -> xgrammar.GrammarCompiler:
         """Made on first use, under the lock."""
-        if self._compiler is None:
+        key = tuple(sorted(set(kept)))
+        if key not in self._compilers:
             if self.tokenizer is None:
                 raise StructuredOutputError("structured output needs the model's tokenizer, and this model has none")
             import xgrammar
 
-            info = tokenizer_info(self.tokenizer, self.vocab_size, self.stop_token_ids)
+            info = tokenizer_info(self.tokenizer, self.vocab_size, self.stop_token_ids, key)
             # this class is the cache; half the cores at most, so a long compile leaves the engine its own
-            self._compiler = xgrammar.GrammarCompiler(info, max_threads=compile_threads(), cache_enabled=False)
-        return self._compiler
+            self._compilers[key] = xgrammar.GrammarCompiler(info, max_threads=compile_threads(), cache_enabled=False)
+        return self._compilers[key]
 
 
 def compile_threads() -> int:
@@ -156,16 +160,21 @@ def compile_threads() -> int:
     return max(1, min(8, cores // 2))
 
 
-def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> xgrammar.TokenizerInfo:
+def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
+                   kept: Sequence[str] = ()) -> xgrammar.TokenizerInfo:
     """xgrammar's view of the vocabulary, with the tokenizer's special tokens (BOS, chat and FIM
     markers, ...) as xgrammar's special tokens: never allowed, where xgrammar alone would read
-    "<|im_start|>" as text a JSON string may contain. Stop tokens still end the grammar."""
+    "<|im_start|>" as text a JSON string may contain. Stop tokens still end the grammar. Special
+    tokens named in `kept` (by text) stay tokens of their text (xgrammar never allows a special
+    token, not even one a structural tag names by id)."""
     import xgrammar
 
     info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                    stop_token_ids=list(stop_token_ids) or None)
     added = getattr(tokenizer, "added_tokens_decoder", {})
     special = set(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
+    kept_ids = {added_id for added_id, token in added.items() if token.content in kept}
+    special -= kept_ids
     vocab = [b"" if i in special else text for i, text in enumerate(info.decoded_vocab)]  # b"": special
     return xgrammar.TokenizerInfo(vocab, xgrammar.VocabType.RAW, vocab_size=vocab_size,
                                   stop_token_ids=info.stop_token_ids, add_prefix_space=info.add_prefix_space)
@@ -173,7 +182,8 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int
 
 def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> xgrammar.CompiledGrammar:
     """json_object: any JSON object; json_schema: strict mode (no properties or items the schema does
-    not name, as OpenAI's strict schemas require; every such output is valid under the schema)."""
+    not name, as OpenAI's strict schemas require; every such output is valid under the schema);
+    structural_tag: as given (its JSON schemas say their own whitespace and strictness)."""
     json_format = {"any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
     try:
         if spec.kind == "json_object":
@@ -181,6 +191,8 @@ def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> 
         if spec.kind == "json_schema":
             schema = enforceable(json.loads(spec.spec))  # not JSON: a clearer message than the compiler's
             return compiler.compile_json_schema(json.dumps(schema), strict_mode=True, **json_format)
+        if spec.kind == "structural_tag":
+            return compiler.compile_structural_tag(spec.spec)
         return compiler.compile_regex(spec.spec)
     except StructuredOutputError:
         raise
@@ -205,6 +217,18 @@ class GrammarState:
     def terminated(self) -> bool:
         """The grammar took its stop token: the output is complete."""
         return self.matcher.is_terminated()
+
+    def check_live(self) -> None:
+        """Raise StructuredOutputError when the grammar allows no token after the committed ones (an
+        empty language, e.g. a schema that only refers to itself): the request cannot go on."""
+        if self.terminated:
+            return
+        self._fill([()] if () not in self._rows else [])
+        if not bool(self._rows[()].any()):
+            raise StructuredOutputError(
+                "the structured output's grammar allows no token here: its language is empty (e.g. a "
+                "schema that only refers to itself, or a regex that matches nothing)"
+            )
 
     def bitmask(self, tree: Tree, nodes: torch.Tensor | None = None) -> torch.Tensor:
         """[k, ceil(vocab / 32)] int32 on the device: the packed masks of the tokens the grammar allows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ from engine.model.runner import DecoderRunner
 from engine.speculation.budget import acceptance_curve, node_indicator
 from engine.speculation.draft import Drafter, GrowLimits, Growth, grow_sampled_tree, grow_tree
 from engine.speculation.logprobs import emitted_logprobs, unpack_logprobs
+from engine.speculation.overlap import SEEDED_FORWARDS, commit_draft, extension
 from engine.speculation.sampling import NodeLogits, position_noise
 from engine.speculation.tree import Tree
 from engine.speculation.verify import Verdict, path_probabilities, verify_specinfer, verify_tree
@@ -65,13 +67,18 @@ class StepContext:
     stop_mask: torch.Tensor  # [vocab] bool, tokens never expanded (EOS, stop ids)
     max_context: int
     track_acceptance: bool = False  # record the step's acceptance curve in the SequenceState (budget auto, shared budgets)
+    seed: Tree | None = None  # the next tree, partly grown during the last pass (overlap), rooted at the root
 
 
 def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
     """The step's tree, as a growth (draft.Growth: it yields its draft forwards); with a grammar,
-    children it forbids are never proposed, and tree.allowed holds every node's mask for verification."""
+    children it forbids are never proposed, and tree.allowed holds every node's mask for verification.
+    A seed left by the last step's extension is grown on (a few forwards) instead of a fresh tree."""
     grammar = seq.grammar
     mask = None if grammar is None else grammar.masks_for
+    seed, ctx.seed = ctx.seed, None
+    if grammar is not None:
+        grammar.check_live()
     if ctx.spec.method == "autoregressive" or max_depth < 1:
         tree = Tree.single(seq.root_id, ctx.target_cache.device)
     else:
@@ -80,11 +87,25 @@ def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
         if ctx.spec.method == "specinfer":
             growth = grow_sampled_tree(ctx.drafter, seq.root_id, pending, seq.params, limits, seq.generator, mask)
         else:
-            growth = grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits, mask)
+            growth = grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits, mask,
+                               seed, SEEDED_FORWARDS)
         tree = yield from growth
     if grammar is not None:
         tree.allowed = grammar.bitmask(tree)
     return tree
+
+
+def can_extend(ctx: StepContext, tree: Tree) -> bool:
+    """Whether the tree grows on during its pass: SpecExec trees (best-first, with their proposals)."""
+    return ctx.spec.method == "specexec" and tree.child_lp is not None
+
+
+def extension_growth(ctx: StepContext, seq: SequenceState, tree: Tree, stop: Callable[[], bool]) -> Growth:
+    """The tree's growth during its pass (overlap.extension); needs can_extend."""
+    max_depth = min(2 * ctx.spec.max_depth, remaining_tokens(ctx, seq) - 1)
+    limits = GrowLimits(budget=ctx.spec.extension_budget(ctx.budget), max_depth=max_depth, stop_mask=ctx.stop_mask)
+    mask = None if seq.grammar is None else seq.grammar.masks_for
+    return extension(ctx.drafter, tree, seq.params, ctx.spec, limits, mask, stop)
 
 
 def accept_committed(seq: SequenceState, new_ids: list[int]) -> None:
@@ -142,9 +163,14 @@ def expected_accepted(seq: SequenceState, tree: Tree) -> float | None:
     return seq.acceptance_curve[-1] if seq.acceptance_curve else 0.0
 
 
+def remaining_tokens(ctx: StepContext, seq: SequenceState) -> int:
+    """Tokens the request may still emit (max_tokens, context)."""
+    return min(seq.params.max_tokens - seq.emitted, ctx.max_context - len(seq.token_ids))
+
+
 def step_depth(ctx: StepContext, seq: SequenceState) -> int:
     """The deepest node this step's tree may have (the tree is cut to what the request may still emit)."""
-    remaining = min(seq.params.max_tokens - seq.emitted, ctx.max_context - len(seq.token_ids))
+    remaining = remaining_tokens(ctx, seq)
     return 0 if ctx.spec.method == "autoregressive" else max(0, min(ctx.spec.max_depth, remaining - 1))
 
 
@@ -156,16 +182,18 @@ def step_noise(ctx: StepContext, seq: SequenceState, tree: Tree, vocab_size: int
     return position_noise(seed, len(seq.token_ids), step_depth(ctx, seq) + 1, vocab_size, ctx.target_cache.device)
 
 
-def commit_step(ctx: StepContext, seq: SequenceState, tree: Tree, logits: torch.Tensor) -> list[int]:
+def commit_step(
+    ctx: StepContext, seq: SequenceState, tree: Tree, logits: torch.Tensor, grown: Tree | None = None
+) -> list[int]:
     """Verify the scored tree (logits: [n, vocab]), keep the accepted path's KV in both caches, and
-    append the step's tokens (accepted path + bonus) to `seq`; returns them. One host sync."""
+    append the step's tokens (accepted path + bonus) to `seq`; returns them. With `grown` (the tree's
+    extension during its pass) the next step's seed is kept in ctx.seed. One host sync (two with `grown`)."""
     device = ctx.target_cache.device
     verdict = verify_step(
         tree, logits, seq.params, seq.output_counts, seq.prompt_mask, seq.generator, ctx.track_acceptance,
         noise=step_noise(ctx, seq, tree, logits.shape[1]),
     )
     ctx.target_cache.commit(ctx.target_cache.length + verdict.path)
-    ctx.drafter.commit(tree, verdict.path)
     num_new = verdict.path.shape[0]
     new_id_tensor = torch.cat([tree.token_ids[verdict.path[1:]], verdict.bonus_id.reshape(1)])  # [num_new]
     token_lp = emitted_logprobs(tree, logits, seq.params, seq.output_counts, seq.prompt_mask,
@@ -175,6 +203,7 @@ def commit_step(ctx: StepContext, seq: SequenceState, tree: Tree, logits: torch.
     summary = torch.cat([new_id_tensor.double(), curve.double(), token_lp]).tolist()
     # ^ the step's last host sync for this sequence (verification's path is the other)
     new_ids = [int(t) for t in summary[:num_new]]
+    ctx.seed = commit_draft(ctx.drafter, tree, verdict.path, grown, new_ids)
     lp_begin = num_new + curve.shape[0]
     seq.acceptance_curve = summary[num_new:lp_begin] if ctx.track_acceptance else None
     seq.expected_accepted = expected_accepted(seq, tree)

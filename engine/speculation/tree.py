@@ -17,6 +17,11 @@ class Tree:
     draft_slots: torch.Tensor  # [n] long, the node's slot in the draft KV cache, -1 if never expanded
     draft_probs: torch.Tensor | None = None  # [n, vocab] draft distribution at expanded nodes (SpecInfer)
     allowed: torch.Tensor | None = None  # [n, ceil(vocab / 32)] int32 packed grammar masks (structured output)
+    # SpecExec trees: the top-w children each expanded node proposed (kept or not), so a re-rooted
+    # subtree can offer them again. [n, w] draft log-probs (-inf at unexpanded nodes) and token ids.
+    child_lp: torch.Tensor | None = None
+    child_ids: torch.Tensor | None = None
+    extension_forwards: int = 0  # draft forwards an extension spent growing this tree during a pass (overlap)
 
     @property
     def num_nodes(self) -> int:
@@ -80,3 +85,54 @@ def path_token_counts(tree: Tree, vocab_size: int, rows: slice = slice(None)) ->
     token_of = tree.token_ids[None, :].expand(on_path.shape[0], -1)  # [num_rows, n]: column j's token
     counts = torch.zeros(on_path.shape[0], vocab_size, device=on_path.device)
     return counts.scatter_add_(1, token_of, on_path)  # no nonzero(): no host sync
+
+
+def find_node(tree: Tree, token_ids: list[int]) -> int | None:
+    """The node whose path below the root is `token_ids`, or None. Siblings are distinct, so the path is
+    unique. One host sync (the tree's ids and parents)."""
+    num_nodes = tree.num_nodes
+    host = torch.cat([tree.token_ids, tree.parents]).tolist()
+    tokens, parents = host[:num_nodes], host[num_nodes:]
+    child_of = {(parents[node], tokens[node]): node for node in range(1, num_nodes)}
+    node: int | None = 0
+    for token in token_ids:
+        node = child_of.get((node, token))
+        if node is None:
+            return None
+    return node
+
+
+def keep_nodes(tree: Tree, nodes: torch.Tensor) -> Tree:
+    """The tree restricted to `nodes` ([m] ascending indices, closed under ancestors, the root first)."""
+    new_index = torch.full((tree.num_nodes,), -1, dtype=torch.long, device=nodes.device)
+    new_index[nodes] = torch.arange(nodes.shape[0], device=nodes.device)
+    parents = tree.parents[nodes]
+    return Tree(
+        token_ids=tree.token_ids[nodes],
+        parents=torch.where(parents >= 0, new_index[parents.clamp(min=0)], parents),
+        depths=tree.depths[nodes],
+        scores=tree.scores[nodes],
+        ancestors=tree.ancestors[nodes][:, nodes],
+        draft_slots=tree.draft_slots[nodes],
+        child_lp=None if tree.child_lp is None else tree.child_lp[nodes],
+        child_ids=None if tree.child_ids is None else tree.child_ids[nodes],
+        extension_forwards=tree.extension_forwards,
+    )
+
+
+def subtree(tree: Tree, node: int) -> Tree:
+    """The subtree under `node`, re-rooted there: depths and scores relative to it (index order, hence
+    score order and parents before children, is kept). Drops draft_probs and grammar masks."""
+    nodes = tree.ancestors[:, node].nonzero().squeeze(1)  # [m] node and its descendants, ascending
+    sub = keep_nodes(tree, nodes)
+    sub.parents[0] = -1
+    sub.depths -= sub.depths[0].clone()
+    sub.scores -= sub.scores[0].clone()
+    return sub
+
+
+def trim(tree: Tree, max_nodes: int, max_depth: int) -> Tree:
+    """The first `max_nodes` nodes no deeper than `max_depth` (an index prefix of an ancestor-closed set
+    stays closed under ancestors)."""
+    shallow = (tree.depths <= max_depth).nonzero().squeeze(1)[:max_nodes]
+    return tree if shallow.shape[0] == tree.num_nodes else keep_nodes(tree, shallow)

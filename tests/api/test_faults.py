@@ -82,12 +82,12 @@ def fail_first_step(monkeypatch, error: BaseException, seen: list | None = None)
     run_batch = runtime.run_batch
     pending = [error]
 
-    def step(target, items):
+    def step(target, items, side=None):
         if pending:
             if seen is not None:
                 seen.append(weakref.ref(items[0].seq.output_counts))
             raise pending.pop()
-        return run_batch(target, items)
+        return run_batch(target, items, side)
 
     monkeypatch.setattr(runtime, "run_batch", step)
 

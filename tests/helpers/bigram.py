@@ -13,11 +13,11 @@ from engine.model.runner import Segment
 from engine.speculation.draft import (
     GrowLimits,
     MaskFn,
-    best_first_search,
     draft_log_probs,
     grow_sampled_tree,
     root_tree,
     run_growth,
+    search_from_root,
 )
 from engine.speculation.tree import Tree
 from engine.types import SamplingParams
@@ -41,7 +41,7 @@ def bigram_tree(
 
     tree = root_tree(root, 0, torch.device("cpu"))
     root_log_probs = draft_log_probs(table[[root]], params, spec.greedy_tree_temperature)
-    return run_growth(None, best_first_search(tree, root_log_probs, expand, spec, limits, lambda: 10**6, mask))
+    return run_growth(None, search_from_root(tree, root_log_probs, expand, spec, limits, lambda: 10**6, mask))
 
 
 class BigramDrafter:

@@ -27,7 +27,7 @@ def counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return object()
 
     monkeypatch.setattr(grammar, "compile_spec", fake_compile)
-    monkeypatch.setattr(GrammarCache, "_get_compiler", lambda self: None)
+    monkeypatch.setattr(GrammarCache, "_get_compiler", lambda self, kept: None)
     return compiled
 
 

@@ -1,0 +1,121 @@
+"""Overlap: the draft keeps growing while the target scores the step's trees.
+
+    trees = grow every tree (serial; a seeded tree needs few draft forwards)
+    pass = BackgroundPass(target pass over the trees)      # another thread; the draft on its own stream
+    extensions = go on growing each tree, best-first, until the pass is done
+    logits = pass.result(); verify each tree
+    commit: the accepted path's draft KV (from the extension, which expanded more of it), and the
+            extension's subtree under (last accepted node, bonus token) becomes the next step's seed
+
+A streamed target's pass is copy-bound, so the draft's work fits in its shadow. Trees are proposals
+and verification decides, so the output is what it is without overlap (tests compare both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import torch
+
+from engine.config import SpeculationConfig
+from engine.speculation.draft import (
+    Drafter,
+    GrowLimits,
+    Growth,
+    MaskFn,
+    best_first_search,
+    reoffer,
+    scored_expand,
+)
+from engine.speculation.tree import Tree, subtree
+from engine.types import SamplingParams
+
+T = TypeVar("T")
+
+SEEDED_FORWARDS = 2  # draft forwards a seeded tree gets before its pass (the rest grows during it)
+
+
+class BackgroundPass(Generic[T]):
+    """Runs `work` (the target pass) in a thread of its own; `done` is polled between draft forwards."""
+
+    def __init__(self, work: Callable[[], T], device: torch.device):
+        self._finished = threading.Event()
+        self._result: T | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work, device), name="target-pass", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], T], device: torch.device) -> None:
+        try:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            self._result = work()
+        except BaseException as exc:  # handed to result()'s caller
+            self._error = exc
+        finally:
+            self._finished.set()
+
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def result(self) -> T:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+
+def extension(
+    drafter: Drafter,
+    tree: Tree,
+    params: SamplingParams,
+    spec: SpeculationConfig,
+    limits: GrowLimits,
+    mask: MaskFn | None,
+    stop: Callable[[], bool],
+) -> Growth:
+    """The step's SpecExec tree grown on, best-first, within `limits` (SpeculationConfig.extension_budget
+    nodes) and the draft cache's room, until `stop()` (the pass is done). Works on a copy: the scored
+    tree is left as it is."""
+    grown = reoffer(dataclasses.replace(tree, draft_slots=tree.draft_slots.clone(), allowed=None), spec, limits)
+    expand = scored_expand(drafter, params, spec)
+    return best_first_search(grown, grown.draft_slots >= 0, expand, spec, limits, drafter.room, mask,
+                             spec.max_depth, stop)
+
+
+def path_nodes(tree: Tree, token_ids: list[int]) -> tuple[list[int], list[int]]:
+    """The nodes along `token_ids` below the root, root first, as far as the tree holds them, and
+    their draft slots. One host sync."""
+    num_nodes = tree.num_nodes
+    host = torch.cat([tree.token_ids, tree.parents, tree.draft_slots]).tolist()
+    tokens, parents, slots = host[:num_nodes], host[num_nodes : 2 * num_nodes], host[2 * num_nodes :]
+    child_of = {(parents[node], tokens[node]): node for node in range(1, num_nodes)}
+    nodes = [0]
+    for token in token_ids:
+        node = child_of.get((nodes[-1], token))
+        if node is None:
+            break
+        nodes.append(node)
+    return nodes, [slots[node] for node in nodes]
+
+
+def commit_draft(drafter: Drafter, tree: Tree, path: torch.Tensor, grown: Tree | None, new_ids: list[int]) -> Tree | None:
+    """Keep the accepted path's draft KV and return the next step's seed (None: grow afresh).
+
+    path: [m] the accepted nodes of `tree` (the scored one); new_ids: the accepted tokens below the root,
+    then the bonus token. With an extension `grown` that holds the whole path, its slots are kept (it
+    expanded more of the path), and the subtree under the bonus token's node, if grown and expanded,
+    is the seed: its KV sits above every slot the commit writes (children are expanded after parents)."""
+    if grown is not None:
+        nodes, slots = path_nodes(grown, new_ids)
+        num_accepted = len(new_ids)  # the root and the accepted nodes below it
+        if len(nodes) >= num_accepted:
+            drafter.cache.commit(torch.tensor([s for s in slots[:num_accepted] if s >= 0], device=path.device))
+            if len(nodes) == num_accepted + 1 and slots[-1] >= 0:
+                return subtree(grown, nodes[-1])
+            return None
+    drafter.commit(tree, path)
+    return None

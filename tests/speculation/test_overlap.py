@@ -1,0 +1,202 @@
+"""Overlap: the draft grows trees on while the target scores them, and seeds the next tree.
+
+Output is unchanged: greedy equals transformers' greedy generate, and seeded sampling is the same
+with overlap on and off, alone and batched, resident and streamed from RAM and disk. Seeds are used,
+and a seed's draft KV (moved after the committed prefix) is what the draft computes for those paths."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
+from engine.runtime import Engine
+from engine.speculation import draft as draft_module
+from engine.speculation.draft import GrowLimits, reoffer
+from engine.speculation.tree import Tree, find_node, subtree, trim
+from engine.types import Request, SamplingParams
+from tests.helpers.offload_passes import reference_greedy
+from tests.helpers.tiny_models import make_tiny_pair
+
+PROMPTS = [[5, 6, 7, 8], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [90, 12], [130, 131, 132, 133, 134, 135]]
+LENGTHS = [30, 18, 40, 24]
+MODES = {"resident": {}, "ram": {"source": "ram"}, "disk": {"source": "disk"}}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[str, str]:
+    target, draft = make_tiny_pair(tmp_path_factory.mktemp("pair"), arch="llama", draft="noisy", seed=11)
+    return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def same_pair(tmp_path_factory) -> tuple[str, str]:
+    """A draft equal to the target: deep acceptance, so the bonus token's node is usually grown."""
+    target, draft = make_tiny_pair(tmp_path_factory.mktemp("same"), arch="llama", draft="same", seed=11)
+    return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def references(pair) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32)
+    return [reference_greedy(model, p, n) for p, n in zip(PROMPTS, LENGTHS, strict=True)]
+
+
+def load(pair, overlap: bool, mode: str = "resident", budget: int = 16) -> Engine:
+    offload = OffloadConfig(enabled=True, resident_layers=0, **MODES[mode]) if mode != "resident" else OffloadConfig()
+    return Engine.load(EngineConfig(
+        model=ModelConfig(target=pair[0], draft=pair[1]),
+        speculation=SpeculationConfig(budget=budget, max_depth=6, overlap=overlap),
+        offload=offload,
+        limits=LimitsConfig(max_context=256),
+    ))
+
+
+def slow_target(engine: Engine, monkeypatch, seconds: float = 0.05) -> None:
+    """Every target pass takes at least `seconds` (a streamed pass's copy time), so the draft has time
+    to grow the trees on."""
+    forward_groups = engine.pair.target.forward_groups
+
+    def slow(groups):
+        begin = time.perf_counter()
+        out = forward_groups(groups)
+        time.sleep(max(0.0, seconds - (time.perf_counter() - begin)))
+        return out
+
+    monkeypatch.setattr(engine.pair.target, "forward_groups", slow)
+
+
+def run_together(engine: Engine, requests: list[Request]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    for request in requests:
+        engine.add_request(request)
+    while engine.num_running:
+        step = engine.step()
+        assert not step.failures
+        for delta in step.deltas:
+            out[delta.request_id] += delta.token_ids
+    return out
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_greedy_with_overlap_equals_the_reference(pair, references, mode, monkeypatch) -> None:
+    engine = load(pair, overlap=True, mode=mode)
+    slow_target(engine, monkeypatch)
+    alone = [engine.generate_ids(p, greedy(n)) for p, n in zip(PROMPTS, LENGTHS, strict=True)]
+    together = run_together(engine, [Request(f"r{i}", p, greedy(n)) for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS, strict=True))])
+    assert alone == references
+    assert [together[f"r{i}"] for i in range(len(PROMPTS))] == references
+    engine.close()
+
+
+def test_seeded_sampling_is_the_same_with_overlap_on_and_off(pair, monkeypatch) -> None:
+    params = [SamplingParams(temperature=0.8, top_p=0.9, top_k=40, presence_penalty=0.5, seed=100 + i,
+                             max_tokens=24, ignore_eos=True) for i in range(3)]
+    outputs = []
+    for overlap in (False, True):
+        engine = load(pair, overlap=overlap)
+        slow_target(engine, monkeypatch)
+        alone = [engine.generate_ids(PROMPTS[i], params[i]) for i in range(3)]
+        together = run_together(engine, [Request(f"s{i}", PROMPTS[i], params[i]) for i in range(3)])
+        assert [together[f"s{i}"] for i in range(3)] == alone
+        outputs.append(alone)
+    assert outputs[0] == outputs[1]
+
+
+def test_seeds_are_grown_during_the_pass_and_used(same_pair, monkeypatch) -> None:
+    engine = load(same_pair, overlap=True, budget=32)
+    slow_target(engine, monkeypatch, seconds=0.2)
+    adopted: list[int] = []
+    adopt = draft_module.Drafter.adopt
+
+    def spy(self, tree):
+        adopted.append(tree.extension_forwards)
+        return adopt(self, tree)
+
+    monkeypatch.setattr(draft_module.Drafter, "adopt", spy)
+    deltas = list(engine.generate(Request("r", PROMPTS[2], greedy(LENGTHS[2]))))
+    model = AutoModelForCausalLM.from_pretrained(same_pair[0], dtype=torch.float32)
+    assert [t for d in deltas for t in d.token_ids] == reference_greedy(model, PROMPTS[2], LENGTHS[2])
+    assert len(adopted) >= len(deltas) // 2  # most steps start from a seed
+    assert max(adopted) >= 1  # which the draft grew while the target was busy
+    assert sum(d.stats.overlap_seconds for d in deltas) > 0
+
+
+def test_a_seeds_draft_kv_is_what_the_draft_computes_for_its_paths(same_pair, monkeypatch) -> None:
+    """After adopt, each expanded node's draft KV (layer 0 keys) equals a plain causal forward of the
+    prefix and the node's path through the draft."""
+    engine = load(same_pair, overlap=True, budget=32)
+    slow_target(engine, monkeypatch, seconds=0.2)
+    draft_model = AutoModelForCausalLM.from_pretrained(same_pair[1], dtype=torch.float32).eval()
+    checked: list[int] = []
+    adopt = draft_module.Drafter.adopt
+
+    def check(self, tree):
+        tree = adopt(self, tree)
+        prefix_len = self.cache.length
+        committed = self.cache.keys[0, :, :prefix_len]  # [kv_heads, prefix, head_dim]
+        slots, tokens, ancestors = tree.draft_slots.tolist(), tree.token_ids, tree.ancestors
+        for node in [n for n, s in enumerate(slots) if s >= 0][:6]:
+            path = tokens[ancestors[node].nonzero().squeeze(1)].tolist()
+            ids = torch.tensor([context[:prefix_len] + path])
+            with torch.no_grad():
+                keys = draft_model(ids, use_cache=True).past_key_values.layers[0].keys[0]  # [kv_heads, len, dim]
+            assert torch.allclose(keys[:, :prefix_len], committed, atol=1e-5)
+            assert torch.allclose(keys[:, -1], self.cache.keys[0, :, slots[node]], atol=1e-5), node
+            checked.append(node)
+        return tree
+
+    monkeypatch.setattr(draft_module.Drafter, "adopt", check)
+    context = list(PROMPTS[2])
+    engine.add_request(Request("r", PROMPTS[2], greedy(LENGTHS[2])))
+    while engine.num_running:
+        for delta in engine.step().deltas:
+            context += delta.token_ids
+    assert len(checked) >= 6
+
+
+def hand_tree() -> Tree:
+    """root(9) -> a(1) [-> c(3) -> e(5)], b(2) [-> d(4)], scores by depth; a, c and the root expanded."""
+    parents = [-1, 0, 0, 1, 2, 3]
+    ancestors = torch.eye(6, dtype=torch.bool)
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            ancestors[node] |= ancestors[parent]
+    child_ids = torch.zeros(6, 3, dtype=torch.long)
+    child_lp = torch.full((6, 3), float("-inf"))
+    child_ids[0], child_lp[0] = torch.tensor([1, 2, 7]), torch.tensor([-0.1, -1.0, -3.0])  # 7 was dropped
+    child_ids[1], child_lp[1] = torch.tensor([3, 8, 6]), torch.tensor([-0.2, -2.0, -4.0])  # 8 and 6 dropped
+    child_ids[3], child_lp[3] = torch.tensor([5, 2, 1]), torch.tensor([-0.3, -1.5, -2.5])
+    return Tree(
+        token_ids=torch.tensor([9, 1, 2, 3, 4, 5]), parents=torch.tensor(parents),
+        depths=torch.tensor([0, 1, 1, 2, 2, 3]), scores=torch.tensor([0.0, -0.1, -1.0, -0.3, -1.5, -0.6]),
+        ancestors=ancestors, draft_slots=torch.tensor([10, 11, -1, 12, -1, -1]), child_lp=child_lp, child_ids=child_ids,
+    )
+
+
+def test_find_node_subtree_and_trim() -> None:
+    tree = hand_tree()
+    assert find_node(tree, [1, 3]) == 3 and find_node(tree, [2]) == 2 and find_node(tree, [1, 4]) is None
+    sub = subtree(tree, 1)  # a, c, e re-rooted at a
+    assert sub.token_ids.tolist() == [1, 3, 5] and sub.parents.tolist() == [-1, 0, 1]
+    assert sub.depths.tolist() == [0, 1, 2] and torch.allclose(sub.scores, torch.tensor([0.0, -0.2, -0.5]))
+    assert sub.draft_slots.tolist() == [11, 12, -1] and sub.ancestors.tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert trim(tree, 4, 1).token_ids.tolist() == [9, 1, 2]
+    assert trim(tree, 3, 3).token_ids.tolist() == [9, 1, 2]
+
+
+def test_reoffer_adds_dropped_proposals_once() -> None:
+    spec = SpeculationConfig()
+    limits = GrowLimits(budget=20, max_depth=5, stop_mask=torch.zeros(10, dtype=torch.bool))
+    tree = reoffer(hand_tree(), spec, limits)
+    paths = {tuple(tree.token_ids[tree.ancestors[n].nonzero().squeeze(1)].tolist()) for n in range(tree.num_nodes)}
+    assert paths >= {(9, 7), (9, 1, 8), (9, 1, 6), (9, 1, 3, 2), (9, 1, 3, 1)}  # dropped proposals are back
+    assert tree.num_nodes == 6 + 5  # and nothing twice: siblings stay distinct
+    assert (tree.scores[1:] <= tree.scores[tree.parents[1:]]).all()
