@@ -18,21 +18,24 @@ xgrammar is imported on first use: a server that never sees a grammar never load
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import json
 import os
+import platform
 import re
 import threading
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.speculation.sampling import BITS_PER_WORD, unpack_allowed
-from engine.speculation.schema_support import enforceable
+from engine.speculation.schema_support import enforceable, enforceable_tag
 from engine.speculation.tree import Tree
 from engine.types import StructuredOutput, StructuredOutputError
 
@@ -104,6 +107,9 @@ class GrammarCache:
                 del self._compiling[spec]
             pending.set_exception(exc)
             raise
+        finally:
+            if compile_threads() > 1:
+                release_free_heap()
         with self._lock:
             del self._compiling[spec]
             self._entries[spec] = compiled
@@ -154,10 +160,31 @@ class GrammarCache:
         return self._compilers[key]
 
 
+@functools.cache
 def compile_threads() -> int:
     """xgrammar's threads per compile: half the usable cores (at least one, at most its default 8)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
     return max(1, min(8, cores // 2))
+
+
+def release_free_heap() -> None:
+    """glibc: hand the free memory of every malloc arena back to the system (malloc_trim). xgrammar
+    starts threads of its own for each compile (more than one thread); what they allocate and free
+    stays in glibc's per-thread arenas, and resident memory grows with each new grammar (measured in
+    docs/bench/hardening.md). Elsewhere: nothing."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
@@ -183,7 +210,8 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int
 def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> xgrammar.CompiledGrammar:
     """json_object: any JSON object; json_schema: strict mode (no properties or items the schema does
     not name, as OpenAI's strict schemas require; every such output is valid under the schema);
-    structural_tag: as given (its JSON schemas say their own whitespace and strictness)."""
+    structural_tag: as given (its JSON schemas say their own whitespace and strictness), each of its JSON
+    schemas checked and rewritten as a json_schema spec is (engine/speculation/schema_support.py)."""
     json_format = {"any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
     try:
         if spec.kind == "json_object":
@@ -192,7 +220,7 @@ def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> 
             schema = enforceable(json.loads(spec.spec))  # not JSON: a clearer message than the compiler's
             return compiler.compile_json_schema(json.dumps(schema), strict_mode=True, **json_format)
         if spec.kind == "structural_tag":
-            return compiler.compile_structural_tag(spec.spec)
+            return compiler.compile_structural_tag(json.dumps(enforceable_tag(json.loads(spec.spec))))
         return compiler.compile_regex(spec.spec)
     except StructuredOutputError:
         raise

@@ -58,6 +58,21 @@ def enforceable(schema: Any) -> Any:
     return schema
 
 
+def enforceable_tag(tag: Any) -> Any:
+    """A parsed xgrammar structural tag (changed in place) with `enforceable` applied to each JSON
+    schema it holds (tool arguments, a reply's response_format next to tools)."""
+    if isinstance(tag, dict):
+        if tag.get("type") == "json_schema" and "json_schema" in tag:
+            tag["json_schema"] = enforceable(tag["json_schema"])
+            return tag
+        for value in tag.values():
+            enforceable_tag(value)
+    elif isinstance(tag, list):
+        for value in tag:
+            enforceable_tag(value)
+    return tag
+
+
 def unsupported(keyword: str, path: str, why: str) -> StructuredOutputError:
     where = f" (at {path})" if path else ""
     return StructuredOutputError(f"the JSON schema keyword '{keyword}'{where} is not supported: {why}")

@@ -18,6 +18,7 @@ from engine.speculation.grammar import GrammarCache, tokenizer_info
 from engine.speculation.sampling import unpack_allowed
 from engine.speculation.schema_support import enforceable
 from engine.types import StructuredOutput, StructuredOutputError
+from server.toolcalls.grammar import text_format, tool_call_grammar
 from tests.helpers.tiny_models import build_tokenizer
 
 TOKENIZER = build_tokenizer()
@@ -185,3 +186,29 @@ def test_without_the_check_xgrammar_outputs_fail_these_schemas(schema, word):
         except OverflowError:  # jsonschema's multipleOf on a number beyond float range ("1E999"): no verdict
             pass
     assert failures, f"xgrammar enforced {word} in 60 samples"
+
+
+TAG_CASES = [(schema, word) for schema, word in REFUSED[:6]]
+
+
+@pytest.mark.parametrize(("schema", "word"), TAG_CASES)
+def test_tool_arguments_and_a_reply_format_in_a_structural_tag_are_checked_too(cache, schema, word):
+    """Tool calls' grammar (server/toolcalls/grammar.py) holds each tool's schema, and with
+    tool_choice auto the reply's response_format: the same keywords are refused there."""
+    tools = [("f", schema if schema.get("type") == "object" else obj({"x": schema}))]
+    for spec in (tool_call_grammar("hermes", tools, forced=True, single=False),
+                 tool_call_grammar("hermes", [("g", obj({"a": INT}))], forced=False, single=False,
+                                   text=text_format("json_schema", json.dumps(schema)))):
+        with pytest.raises(StructuredOutputError) as info:
+            cache.compile(spec)
+        assert word.split(" (at")[0] in str(info.value), str(info.value)
+
+
+def test_a_structural_tag_with_string_lengths_compiles_and_its_arguments_validate(cache):
+    schema = obj({"name": {"type": "string", "minLength": 1, "maxLength": 4}, "n": INT}, required=["name", "n"],
+                 additionalProperties=False)
+    compiled = cache.compile(tool_call_grammar("llama3_json", [("f", schema)], forced=True, single=True))
+    texts = outputs(compiled, 12)
+    assert len(texts) >= 6
+    for text in texts:
+        jsonschema.Draft202012Validator(schema).validate(json.loads(text)["parameters"])
