@@ -32,6 +32,7 @@ BENCH_TOOLS = {  # `specexec bench NAME`: module, description
     "structured": ("bench.structured", "tokens per pass and step overhead with and without a JSON schema"),
     "scoring": ("bench.scoring", "SpecExec trees' expected tokens per pass by draft scoring temperature"),
     "serve": ("bench.serve", "concurrent streams through the HTTP server: tok/s, TTFT, tokens per pass"),
+    "hardening": ("bench.hardening", "issue 29: small-request latency beside slow ones, /infill CPU, stream gaps, schemas, RSS"),
     "overlap": ("bench.overlap", "overlap off and on: draft, pass and step ms by budget, streams, a long prompt joining"),
 }
 
