@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=str(DEFAULT_MODELS / "draft"))
     parser.add_argument("--checks", type=comma_list(str), default=list(CHECKS), help=f"comma list of {CHECKS}")
     parser.add_argument("--memory-requests", type=int, default=3000, help="new-schema requests after warm-up")
+    parser.add_argument("--latency-kinds", type=comma_list(str), default=["schema", "infill"],
+                        help="slow requests for the latency check: schema, infill, infill-parse (refused after "
+                             "parsing), infill-values (refused before parsing)")
     parser.add_argument("--server-flags", default="", help="more `specexec serve` flags, one string")
 
 
@@ -88,7 +91,12 @@ def slow_request(kind: str, index: int) -> tuple[str, bytes]:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                 "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}}
         return "/v1/chat/completions", json.dumps(body).encode()
-    return "/infill", json.dumps(infill_body(12 * MIB, index)).encode()
+    if kind == "infill-values":  # read, then refused by the value count before parsing
+        return "/infill", many_values_body(12 * MIB)
+    body = infill_body(12 * MIB, index)
+    if kind == "infill-parse":  # read and parsed, then refused (unknown model) before tokenizing
+        body["model"] = "no-such-model"
+    return "/infill", json.dumps(body).encode()
 
 
 def infill_body(num_bytes: int, salt: int = 0) -> dict[str, Any]:
@@ -256,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
     with running_server(args.target, args.draft, "resident", flags) as (server, _):
         client = Client(server.url)
         checks: dict[str, Callable[[], Any]] = {
-            "latency": lambda: [check_latency(client, "schema"), check_latency(client, "infill")],
+            "latency": lambda: [check_latency(client, kind) for kind in args.latency_kinds],
             "infill": lambda: check_infill(client, server),
             "gaps": lambda: check_gaps(client),
             "schemas": lambda: check_schemas(client),
