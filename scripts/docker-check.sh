@@ -19,9 +19,12 @@
 # Checks, through the port published on 127.0.0.1: the image's built-in pair with no arguments
 # (/health, the image's HEALTHCHECK, /v1/models, a completion, a streamed chat, a JSON-schema chat),
 # the server process's non-root uid, a model mounted read-only at /models (served, and not
-# writable), and exit status 0 on SIGTERM. Layers are cached: a rerun after a code change
-# rebuilds only the layers from `COPY engine` on. The base rootfs, containers.conf and the logs
-# go in $DOCKER_CHECK_WORK. Every container it starts is removed on exit.
+# writable), and exit status 0 on SIGTERM. Then docker/compose.yaml: `config` (podman-compose; also
+# `docker compose config` where that exists), and `up` of the CPU server service, called from
+# another container on the compose network at the URL Open WebUI is given.
+# Layers are cached: a rerun after a code change rebuilds only the layers from `COPY engine` on.
+# The base rootfs, containers.conf and the logs go in $DOCKER_CHECK_WORK. Every container it
+# starts is removed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -64,13 +67,17 @@ if [ ! -x "$PODMAN_COMPOSE" ]; then
   "$WORK/compose-venv/bin/pip" install -q podman-compose
 fi
 # runc and cgroupfs: crun fails here on hybrid cgroups and on setrlimit; no default ulimits either.
-printf '[containers]\ndefault_ulimits = []\npids_limit = 0\n' > "$WORK/containers.conf"
+# The [engine] lines are for podman-compose, which runs podman without these flags.
+printf '[containers]\ndefault_ulimits = []\npids_limit = 0\n\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n' \
+  > "$WORK/containers.conf"
 export CONTAINERS_CONF=$WORK/containers.conf
 podman() { command podman --runtime runc --cgroup-manager=cgroupfs "$@"; }
 
 CONTAINERS=()
+COMPOSE_PROJECT=specexec-docker-check-$$
 cleanup() {
   for name in "${CONTAINERS[@]}"; do podman rm -f -t 0 "$name" > /dev/null 2>&1 || true; done
+  "$PODMAN_COMPOSE" -p "$COMPOSE_PROJECT" -f docker/compose.yaml down > /dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
@@ -103,7 +110,7 @@ build() {  # dockerfile tag build-args...
   local dockerfile=$1 tag=$2 log
   shift 2
   log="$WORK/build-${tag##*:}.log"
-  echo "podman build -f $dockerfile -t $tag $* .   (log: $log)"
+  echo "podman build -f $dockerfile -t $tag $(printf "%q " "$@"). (log: $log)"
   local start=$SECONDS
   if ! podman build --network host --format docker -f "$dockerfile" -t "$tag" "$@" . > "$log" 2>&1; then
     tail -20 "$log"
@@ -153,9 +160,9 @@ assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
 assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
 text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks if chunk["choices"])
 finish = [chunk["choices"][0]["finish_reason"] for chunk in chunks if chunk["choices"]][-1]
-usage = chunks[-1]["usage"]
-assert text and finish in ("stop", "length") and usage["completion_tokens"] > 0, (text, finish, usage)
-print(f"      streamed chat: {len(chunks)} chunks, {usage[\"completion_tokens\"]} tokens, {text!r}")'
+tokens = chunks[-1]["usage"]["completion_tokens"]
+assert text and finish in ("stop", "length") and tokens > 0, (text, finish, tokens)
+print(f"      streamed chat: {len(chunks)} chunks, {tokens} tokens, {finish}: {text!r}")'
 }
 
 json_schema_ok() {  # structured output: xgrammar in the image
@@ -167,7 +174,7 @@ json_schema_ok() {  # structured output: xgrammar in the image
 import json, sys
 content = json.load(sys.stdin)["choices"][0]["message"]["content"]
 assert json.loads(content)["license"] in ("MIT", "BSD", "GPL"), content
-print("      JSON schema:", content)'
+print("      JSON schema:", repr(content))'
 }
 
 started_on_mounted_pair() {  # name
@@ -254,6 +261,32 @@ check "podman-compose $compose_version config (docker/compose.yaml)" \
   sh -c "'$PODMAN_COMPOSE' -f docker/compose.yaml config > '$WORK/compose-podman.txt' 2>&1"
 check "podman-compose $compose_version config --profile cuda" \
   sh -c "'$PODMAN_COMPOSE' -f docker/compose.yaml --profile cuda config > '$WORK/compose-podman-cuda.txt' 2>&1"
+
+# Up for real: the CPU server service as compose starts it (the image built above, the repo's models/
+# mounted read-only), reached from another container on the compose network by the name Open WebUI's
+# URL uses. Open WebUI's own image is not started: no registry is reachable here.
+if podman image exists localhost/specexec-server:cpu; then
+  if SPECEXEC_PORT=$PORT "$PODMAN_COMPOSE" -p "$COMPOSE_PROJECT" -f docker/compose.yaml up -d --no-build specexec-cpu \
+      > "$WORK/compose-up.log" 2>&1 && wait_health "${COMPOSE_PROJECT}_specexec-cpu_1" 300; then
+    ok "podman-compose up specexec-cpu: /health 200 through 127.0.0.1:$PORT"
+    check "compose network: http://specexec:8000/v1 answers a chat (as Open WebUI would call it), another name gets 403" \
+      podman run --rm --network "${COMPOSE_PROJECT}_default" localhost/python-base:3.11-bookworm python3 -c '
+import json, urllib.error, urllib.request
+body = json.dumps({"model": "specexec-default", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]})
+request = urllib.request.Request("http://specexec:8000/v1/chat/completions", body.encode(), {"Content-Type": "application/json"})
+reply = json.load(urllib.request.urlopen(request, timeout=60))
+print("      via http://specexec:8000:", repr(reply["choices"][0]["message"]["content"]))
+try:
+    urllib.request.urlopen("http://'"${COMPOSE_PROJECT}"'_specexec-cpu_1:8000/v1/models", timeout=10)
+    raise SystemExit("the Host check let an unlisted name through")
+except urllib.error.HTTPError as error:
+    assert error.code == 403, error'
+  else
+    tail -20 "$WORK/compose-up.log"
+    fail "podman-compose up specexec-cpu"
+  fi
+  "$PODMAN_COMPOSE" -p "$COMPOSE_PROJECT" -f docker/compose.yaml down > "$WORK/compose-down.log" 2>&1 || true
+fi
 
 echo "docker-check: $PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]
