@@ -56,7 +56,7 @@ for tool in podman runc debootstrap; do command -v "$tool" > /dev/null || missin
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]} (Debian packages)"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" > /dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" > /dev/null 2>&1
 fi
 mkdir -p "$WORK/empty"
 WORK=$(cd "$WORK" && pwd)
@@ -64,7 +64,7 @@ WORK=$(cd "$WORK" && pwd)
 PODMAN_COMPOSE=$WORK/compose-venv/bin/podman-compose
 if [ ! -x "$PODMAN_COMPOSE" ]; then
   python3 -m venv "$WORK/compose-venv"
-  "$WORK/compose-venv/bin/pip" install -q podman-compose
+  "$WORK/compose-venv/bin/pip" install -q podman-compose > "$WORK/pip.log" 2>&1 || { cat "$WORK/pip.log"; exit 1; }
 fi
 # runc and cgroupfs: crun fails here on hybrid cgroups and on setrlimit; no default ulimits either.
 # The [engine] lines are for podman-compose, which runs podman without these flags.
@@ -90,7 +90,8 @@ if ! podman image exists localhost/debian-base:bookworm; then
   mkdir -p "$WORK/rootfs/etc/ssl/certs"
   cp "$HOST_CA" "$WORK/rootfs/etc/ssl/certs/host-ca-certificates.crt"
   tar -C "$WORK/rootfs" -c . \
-    | podman import --change 'ENV PIP_CERT=/etc/ssl/certs/host-ca-certificates.crt' - localhost/debian-base:bookworm > /dev/null
+    | podman import --change 'ENV PIP_CERT=/etc/ssl/certs/host-ca-certificates.crt' - localhost/debian-base:bookworm \
+      > "$WORK/import.log" 2>&1
 fi
 if ! podman image exists localhost/python-base:3.11-bookworm; then
   printf '%s\n' 'FROM localhost/debian-base:bookworm' \
@@ -101,7 +102,8 @@ fi
 # --- the torch wheel ---------------------------------------------------------------------------
 TORCH_VERSION=$(sed -n 's/^ARG TORCH_VERSION=//p' docker/Dockerfile.cpu)
 if ! ls docker/wheels/torch-"$TORCH_VERSION"+cpu-*.whl > /dev/null 2>&1; then
-  python3 -m pip download -q --no-deps -d docker/wheels "torch==$TORCH_VERSION"
+  python3 -m pip download -q --no-deps -d docker/wheels "torch==$TORCH_VERSION" > "$WORK/pip.log" 2>&1 \
+    || { cat "$WORK/pip.log"; exit 1; }
 fi
 ls docker/wheels/torch-"$TORCH_VERSION"+cpu-*.whl > /dev/null \
   || { echo "no CPU wheel of torch $TORCH_VERSION in docker/wheels (pip downloaded another build)" >&2; exit 1; }
