@@ -208,7 +208,11 @@ check_image() {  # tag
 
   # 1. No arguments: the built-in pair baked into the image.
   CONTAINERS+=("$name")
-  podman run -d --name "$name" -p "127.0.0.1:$PORT:8000" "$tag" > /dev/null 2>> "$WORK/podman.log"
+  if ! podman run -d --name "$name" -p "127.0.0.1:$PORT:8000" "$tag" > /dev/null 2>> "$WORK/podman.log"; then
+    tail -3 "$WORK/podman.log"
+    fail "$tag: podman run (port $PORT taken? DOCKER_CHECK_PORT=...)"
+    return
+  fi
   if ! wait_health "$name" 300; then fail "$tag: /health 200 within 300 s"; return; fi
   ok "$tag: /health 200 through 127.0.0.1:$PORT (built-in pair)"
   check "$tag: the image's HEALTHCHECK passes" podman healthcheck run "$name"
@@ -224,9 +228,13 @@ check_image() {  # tag
   podman rm -f -t 0 "$name" > /dev/null
 
   # 2. A pair mounted read-only at /models (the built-in pair's files, from the repo).
-  podman run -d --name "$name" -p "127.0.0.1:$PORT:8000" -v "$REPO/models/default:/models:ro" \
-    "$tag" --config /app/configs/default.toml --target /models/target --draft /models/draft \
-    > /dev/null 2>> "$WORK/podman.log"
+  if ! podman run -d --name "$name" -p "127.0.0.1:$PORT:8000" -v "$REPO/models/default:/models:ro" \
+      "$tag" --config /app/configs/default.toml --target /models/target --draft /models/draft \
+      > /dev/null 2>> "$WORK/podman.log"; then
+    tail -3 "$WORK/podman.log"
+    fail "$tag: podman run with a mounted pair"
+    return
+  fi
   if ! wait_health "$name" 300; then fail "$tag: /health 200 with a mounted pair"; return; fi
   check "$tag: serves the pair mounted at /models (a completion)" completion_ok
   check "$tag: the server was started on /models/target" started_on_mounted_pair "$name"
