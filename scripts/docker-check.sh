@@ -85,7 +85,8 @@ trap cleanup EXIT
 if ! podman image exists localhost/debian-base:bookworm; then
   echo "debootstrap bookworm (minbase) into $WORK/rootfs"
   rm -rf "$WORK/rootfs"
-  debootstrap --variant=minbase bookworm "$WORK/rootfs" "$DEBIAN_MIRROR" > "$WORK/debootstrap.log" 2>&1
+  debootstrap --variant=minbase bookworm "$WORK/rootfs" "$DEBIAN_MIRROR" > "$WORK/debootstrap.log" 2>&1 \
+    || { tail -20 "$WORK/debootstrap.log"; exit 1; }
   rm -f "$WORK"/rootfs/var/cache/apt/archives/*.deb
   mkdir -p "$WORK/rootfs/etc/ssl/certs"
   cp "$HOST_CA" "$WORK/rootfs/etc/ssl/certs/host-ca-certificates.crt"
@@ -96,7 +97,8 @@ fi
 if ! podman image exists localhost/python-base:3.11-bookworm; then
   printf '%s\n' 'FROM localhost/debian-base:bookworm' \
     'RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates && rm -rf /var/lib/apt/lists/*' \
-    | podman build --network host --format docker -t localhost/python-base:3.11-bookworm -f - "$WORK/empty" > "$WORK/python-base.log" 2>&1
+    | podman build --network host --format docker -t localhost/python-base:3.11-bookworm -f - "$WORK/empty" \
+      > "$WORK/python-base.log" 2>&1 || { tail -20 "$WORK/python-base.log"; exit 1; }
 fi
 
 # --- the torch wheel ---------------------------------------------------------------------------
