@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the Docker images with podman and run them (a manual check, minutes long: not run by the
 # tests or CI). Needs root, like the project's machines; no image registry is reached:
-#   - podman, runc and debootstrap are Debian packages (apt-get installs them when missing), podman-compose
-#     a PyPI package (pip installs it into a venv in $DOCKER_CHECK_WORK);
+#   - podman, runc, debootstrap and docker-compose (1.29, the Python one: a strict check of the compose
+#     schema) are Debian packages (apt-get installs them when missing); podman-compose is a PyPI
+#     package (pip installs it into a venv in $DOCKER_CHECK_WORK);
 #   - the base images are made here: `debootstrap --variant=minbase bookworm` imported as
 #     localhost/debian-base:bookworm (the CUDA image's stand-in for nvidia/cuda), and
 #     localhost/python-base:3.11-bookworm on top of it (Debian's python3 + venv, the stand-in for
@@ -19,9 +20,9 @@
 # Checks, through the port published on 127.0.0.1: the image's built-in pair with no arguments
 # (/health, the image's HEALTHCHECK, /v1/models, a completion, a streamed chat, a JSON-schema chat),
 # the server process's non-root uid, a model mounted read-only at /models (served, and not
-# writable), and exit status 0 on SIGTERM. Then docker/compose.yaml: `config` (podman-compose; also
-# `docker compose config` where that exists), and `up` of the CPU server service, called from
-# another container on the compose network at the URL Open WebUI is given.
+# writable), and exit status 0 on SIGTERM. Then docker/compose.yaml: `config` (docker-compose 1.29
+# and podman-compose; also `docker compose config` where that plugin exists), and `up` of the CPU
+# server service, called from another container on the compose network at Open WebUI's URL.
 # Layers are cached: a rerun after a code change rebuilds only the layers from `COPY engine` on.
 # The base rootfs, containers.conf and the logs go in $DOCKER_CHECK_WORK. Every container it
 # starts is removed on exit.
@@ -52,7 +53,7 @@ check() {  # description command...: PASS when the command succeeds
 
 # --- tools -------------------------------------------------------------------------------------
 missing=()
-for tool in podman runc debootstrap; do command -v "$tool" > /dev/null || missing+=("$tool"); done
+for tool in podman runc debootstrap docker-compose; do command -v "$tool" > /dev/null || missing+=("$tool"); done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]} (Debian packages)"
   apt-get update -qq
@@ -266,8 +267,13 @@ fi
 if command -v docker > /dev/null && docker compose version > /dev/null 2>&1; then
   check "docker compose config (docker/compose.yaml)" sh -c "docker compose -f docker/compose.yaml config > '$WORK/compose-docker.txt'"
 else
-  echo "      (no 'docker compose' here: validated with podman-compose only)"
+  echo "      (no 'docker compose' plugin here)"
 fi
+dc_version=$(docker-compose version --short 2>/dev/null || true)
+check "docker-compose $dc_version config (the compose schema: unknown keys are errors)" \
+  sh -c "docker-compose -f docker/compose.yaml config > '$WORK/compose-docker-compose.txt' 2>&1"
+check "docker-compose $dc_version config --profile cuda" \
+  sh -c "docker-compose -f docker/compose.yaml --profile cuda config > '$WORK/compose-docker-compose-cuda.txt' 2>&1"
 compose_version=$("$PODMAN_COMPOSE" version 2>/dev/null | sed -n 's/^podman-compose version //p' | head -1)
 check "podman-compose $compose_version config (docker/compose.yaml)" \
   sh -c "'$PODMAN_COMPOSE' -f docker/compose.yaml config > '$WORK/compose-podman.txt' 2>&1"
