@@ -1,4 +1,7 @@
-"""The Docker images cannot be built here: lint them with hadolint and check what must hold."""
+"""The Dockerfiles and compose.yaml, read without building: hadolint, and what must hold.
+
+Building and running the images is scripts/docker-check.sh (minutes, podman): not part of the suite.
+"""
 
 from __future__ import annotations
 
@@ -32,10 +35,33 @@ def test_dockerfiles_lint_clean() -> None:
     assert result.returncode == 0, f"hadolint:\n{result.stdout}{result.stderr}"
 
 
+def build_arg(text: str, name: str) -> str:
+    """The default of `ARG NAME=value` (quotes stripped)."""
+    match = re.search(rf"^ARG {name}=(.*)$", text, re.MULTILINE)
+    assert match, f"no ARG {name}=default"
+    return match.group(1).strip().strip('"')
+
+
+def project_torch_version() -> str:
+    """The torch the project installs: scripts/setup.sh's `torch==X` (the README and CI use that script)."""
+    pins = set(re.findall(r"torch==([\w.+]+)", (REPO / "scripts" / "setup.sh").read_text()))
+    assert len(pins) == 1, pins
+    return pins.pop()
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda path: path.name)
+def test_dockerfile_installs_the_projects_torch(path: Path) -> None:
+    text = path.read_text()
+    assert build_arg(text, "TORCH_VERSION") == project_torch_version()
+    installs = re.findall(r"torch==\S+", text)
+    assert installs and all(spec.strip('"') == "torch==${TORCH_VERSION}" for spec in installs), installs
+
+
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda path: path.name)
 def test_dockerfile_serves_as_non_root_on_a_pinned_base(path: Path) -> None:
     text = path.read_text()
-    base = re.search(r"^FROM (\S+)", text, re.MULTILINE).group(1)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.MULTILINE)
+    base = build_arg(text, "BASE_IMAGE")
     assert re.fullmatch(r"[\w./-]+:\d[\w.-]*", base), f"unpinned base image {base}"
     assert re.search(r"^USER (?!0\b|root\b)\S+", text, re.MULTILINE)
     assert "/health" in re.search(r"^HEALTHCHECK .*(?:\n .*)*", text, re.MULTILINE).group(0)
@@ -47,8 +73,16 @@ def test_dockerfile_serves_as_non_root_on_a_pinned_base(path: Path) -> None:
 def test_compose_publishes_on_loopback_with_health_checks() -> None:
     yaml = pytest.importorskip("yaml")
     compose = yaml.safe_load((DOCKER_DIR / "compose.yaml").read_text())
-    assert set(compose["services"]) == {"specexec-cpu", "specexec-cuda"}
-    for name, service in compose["services"].items():
+    services = compose["services"]
+    assert set(services) == {"specexec-cpu", "specexec-cuda", "open-webui"}
+    assert all(port.startswith("127.0.0.1:") for port in services["open-webui"]["ports"])
+    # Open WebUI reaches the server by a name the server's Host check accepts.
+    server_host = re.fullmatch(r"http://([\w-]+):8000/v1", services["open-webui"]["environment"]["OPENAI_API_BASE_URL"])
+    for name in ("specexec-cpu", "specexec-cuda"):
+        command = services[name]["command"]
+        assert server_host.group(1) in command[command.index("--allowed-hosts") + 1].split(","), name
+        assert server_host.group(1) in services[name]["networks"]["default"]["aliases"], name
+    for name, service in ((name, services[name]) for name in ("specexec-cpu", "specexec-cuda")):
         assert service["build"]["dockerfile"] in {f"docker/{path.name}" for path in DOCKERFILES}, name
         assert service["ports"] and all(port.startswith("127.0.0.1:") for port in service["ports"]), name
         assert "http://127.0.0.1:8000/health" in " ".join(service["healthcheck"]["test"]), name
