@@ -47,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checks", type=comma_list(str), default=list(CHECKS), help=f"comma list of {CHECKS}")
     parser.add_argument("--memory-requests", type=int, default=3000, help="new-schema requests after warm-up")
     parser.add_argument("--latency-kinds", type=comma_list(str), default=["schema", "infill"],
-                        help="slow requests for the latency check: schema, infill, infill-parse (refused after "
+                        help="slow requests for the latency check: schema (10,000 properties), schema-N (N), infill, "
+                             "infill-parse (refused after "
                              "parsing), infill-values (refused before parsing)")
     parser.add_argument("--server-flags", default="", help="more `specexec serve` flags, one string")
 
@@ -86,8 +87,9 @@ def big_schema(tag: str, num_properties: int = 10_000) -> dict[str, Any]:
 
 
 def slow_request(kind: str, index: int) -> tuple[str, bytes]:
-    if kind == "schema":
-        schema = big_schema(f"s{index}_{time.monotonic_ns()}")
+    if kind.startswith("schema"):  # schema: 10,000 properties; schema-N: N
+        size = int(kind.split("-")[1]) if "-" in kind else 10_000
+        schema = big_schema(f"s{index}_{time.monotonic_ns()}", size)
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                 "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}}
         return "/v1/chat/completions", json.dumps(body).encode()
