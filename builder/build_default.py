@@ -20,7 +20,6 @@ import json
 import sys
 import sysconfig
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedToken
 
 from builder import fim_corpus, fim_eval, pair_eval
 from builder import training as tr
+from builder.corpus import Corpus
 from builder.model_card import earlier_lines, model_card
 
 LOADING_KWARGS = ("is_local", "local_files_only")  # from_pretrained records these in init_kwargs
@@ -115,22 +115,6 @@ def pair_settings(pair: Path) -> dict[str, Any]:
         settings.update({f"{role}_{key}": config[field] for key, field in fields.items()})
         settings.update(vocab_size=config["vocab_size"], max_positions=config["max_position_embeddings"])
     return settings
-
-
-@dataclass
-class Corpus:
-    tokenizer: PreTrainedTokenizerFast
-    train_ids: torch.Tensor  # int32 [n_train_tokens]
-    train_is_target: torch.Tensor  # bool [n_train_tokens]: False for a token just before a cursor cut
-    heldout_ids: torch.Tensor  # int32 [n_heldout_tokens]
-    heldout_texts: list[str]
-    train_files: int
-    heldout_files: int
-    train_bytes: int
-    fim_examples: int
-    cut_documents: int  # train files cut at cursors
-    cuts: int  # cursor cuts in them
-    seconds: float
 
 
 def build_corpus(s: dict[str, Any]) -> Corpus:

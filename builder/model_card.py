@@ -7,12 +7,13 @@ import shlex
 import sys
 import sysconfig
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from builder import fim_corpus, fim_eval
 from builder import training as tr
+from builder.corpus import Corpus
 from builder.pair_eval import (
     ACCEPTANCE_BUDGET,
     ACCEPTANCE_PROMPTS,
@@ -20,9 +21,6 @@ from builder.pair_eval import (
     FIM_SAMPLE,
     INDENTED_PROMPTS,
 )
-
-if TYPE_CHECKING:
-    from builder.build_default import Corpus
 
 EARLIER_TITLE = "Earlier training"
 # Sections of the card of the pair a run started from that its own card quotes
