@@ -21,7 +21,7 @@ import httpx
 
 STARTUP_TIMEOUT = 900.0  # seconds: imports plus loading (and page-evicting) a large target on a busy machine
 POLL_SECONDS = 0.5
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds engine/ and server/ (repo or site-packages)
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # holds engine/ and server/ (repo or site-packages)
 REJECTED_FLAG_MARKERS = ("unrecognized arguments", "invalid choice", "no such option")
 
 SOURCE_FLAGS: dict[str, tuple[str, ...]] = {  # --sources name -> the serve flags that select it
