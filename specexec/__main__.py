@@ -57,8 +57,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def stop_before_serving(signum: int, frame: FrameType | None) -> None:
     """SIGTERM while `serve` imports and configures, before uvicorn handles signals: a clean exit (0),
-    as after a drain, rather than death by the signal (143)."""
-    raise SystemExit(0)
+    as after a drain, rather than death by the signal (143). Nothing is open yet (no port, no request),
+    and an exception raised here would land inside whatever import is running (transformers' lazy
+    modules turn it into a broken import that fails the load), so the process ends at once."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
