@@ -40,7 +40,7 @@ from engine.types import Request, SamplingParams
 
 DEFAULT_BUDGETS = "16,32,64,128,256,512,1024"
 MODES = ("resident", "ram", "disk")
-METHODS = ("autoregressive", "specinfer", "specexec")
+METHODS = ("autoregressive", "specinfer", "specexec", "rrs")
 WARMUP_TOKENS = 8  # --budget auto's warm-up request per temperature (explores the largest budget first)
 
 
@@ -231,7 +231,7 @@ def configs_for(args: argparse.Namespace) -> list[tuple[str, int | str]]:
     if "autoregressive" in args.methods:
         out.append(("autoregressive", 1))
     for budget in args.budgets:
-        out += [(m, budget) for m in ("specinfer", "specexec") if m in args.methods]
+        out += [(m, budget) for m in ("specinfer", "specexec", "rrs") if m in args.methods]
     if not args.no_auto and "specexec" in args.methods:
         out.append(("specexec", "auto"))
     return out

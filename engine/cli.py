@@ -23,7 +23,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
     "--device": ("model", "device", str, "auto (cuda if available), cpu or cuda[:N]"),
     "--threads": ("model", "threads", int, "CPU threads for torch's kernels; 0: auto (the usable cores less one, "
                   "at least 1, at most 16; on CUDA: 1)"),
-    "--method": ("speculation", "method", str, "specexec, specinfer or autoregressive (no draft)"),
+    "--method": ("speculation", "method", str, "specexec, specinfer, rrs or autoregressive (no draft)"),
     "--budget": ("speculation", "budget", str, "draft tokens per tree, or auto (measured at startup and from traffic)"),
     "--max-expand": ("speculation", "max_expand", int, "K: leaves expanded per draft forward"),
     "--max-children": ("speculation", "max_children", int, "w: children proposed per expanded node"),
@@ -52,7 +52,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                         "prompt tokens a joining request writes per pass while others decode; 0: auto "
                         "(keeps a pass within twice its cost)"),
 }
-CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "autoregressive"),
+CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "rrs", "autoregressive"),
            "--offload-source": ("ram", "disk"), "--overlap": ("on", "off")}
 
 
