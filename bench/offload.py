@@ -108,11 +108,16 @@ def plain_copy_seconds(store: RamStore | DiskStore, dst: torch.Tensor) -> float:
 
 
 def load_unmapped(
-    target: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    target: str,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    gptq_kernel: str = "dequantize",
+    compute_device: torch.device | None = None,
 ) -> torch.nn.Module:
     """The model with its weights copied off the checkpoint's memory map: pages touched through a
-    mapping stay in the page cache, which would turn the disk source's evicted reads into cached ones."""
-    model = checkpoint.load_model(target, dtype, device)
+    mapping stay in the page cache, which would turn the disk source's evicted reads into cached ones.
+    A GPTQ checkpoint's layers run on `gptq_kernel` for `compute_device` (default: `device`)."""
+    model = checkpoint.load_model(target, dtype, device, gptq_kernel, compute_device)
     for param in model.parameters():
         param.data = param.data.clone()
     for module in model.modules():
@@ -123,20 +128,30 @@ def load_unmapped(
 
 
 def streamed_runner(
-    target: str, source: str, ring_size: int, device: torch.device, dtype: torch.dtype = torch.float32
+    target: str,
+    source: str,
+    ring_size: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    gptq_kernel: str = "dequantize",
 ) -> DecoderRunner:
     offload = OffloadConfig(enabled=True, source=source, resident_layers=0, ring_size=ring_size)
     config = EngineConfig(model=ModelConfig(target=target), offload=offload)
-    return build_offloaded_runner(load_unmapped(target, "cpu", dtype), config, device)
+    return build_offloaded_runner(load_unmapped(target, "cpu", dtype, gptq_kernel, device), config, device)
 
 
 def measure(
-    target: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype = torch.float32
+    target: str,
+    args: argparse.Namespace,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    gptq_kernel: str = "dequantize",
 ) -> list[Row]:
-    """Best of `rounds` alternating timings, so slow phases of a shared machine hit every variant alike."""
-    runners = {"resident": DecoderRunner(load_unmapped(target, device, dtype))}
+    """Best of `rounds` alternating timings, so slow phases of a shared machine hit every variant alike.
+    A GPTQ target's layers run on `gptq_kernel` (the int4 kernel streams from RAM only)."""
+    runners = {"resident": DecoderRunner(load_unmapped(target, device, dtype, gptq_kernel))}
     runners.update(
-        {source: streamed_runner(target, source, args.ring_size, device, dtype) for source in args.sources}
+        {source: streamed_runner(target, source, args.ring_size, device, dtype, gptq_kernel) for source in args.sources}
     )
     streamers = {source: runners[source].layers for source in args.sources}
     copy_stores: dict[str, RamStore | DiskStore] = {}  # the same copies or reads, without a loader thread

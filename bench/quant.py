@@ -10,7 +10,11 @@ layer resident and streamed from RAM and from disk, as `specexec bench offload` 
 The checkpoints are built once and cached (quantizing takes about 100 s on a 2-core CPU). fp32 and
 GPTQ run with fp32 activations, fp16 with fp16 ones (its bytes must stay fp16 to stream half).
 
-    specexec bench quant [--tokens 1 32] [--precisions fp32,fp16,gptq-4bit] [--json out.json]
+gptq-4bit runs the 4-bit layers on torch's int4 matmul (the engine's choice on CPU; RAM source and
+resident only: the disk source streams the checkpoint's own packing), gptq-4bit-dequantize on
+gptqmodel's torch kernel, which dequantises each matrix on every call (every source).
+
+    specexec bench quant [--tokens 1 32] [--precisions fp32,fp16,gptq-4bit,gptq-4bit-dequantize] [--json out.json]
 """
 
 from __future__ import annotations
@@ -35,8 +39,12 @@ from engine.cli import comma_list
 from engine.model import gptq
 from engine.model.checkpoint import resolve_device
 
-PRECISIONS = ("fp32", "fp16", "gptq-4bit")
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "gptq-4bit": torch.float32}  # load (activation) dtype
+PRECISIONS = ("fp32", "fp16", "gptq-4bit", "gptq-4bit-dequantize")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "gptq-4bit": torch.float32,
+          "gptq-4bit-dequantize": torch.float32}  # load (activation) dtype
+# GPTQ kernel per precision: int4 (torch's int4 matmul; streams from RAM only) or gptqmodel's dequantize
+KERNELS = {"gptq-4bit": "int4", "gptq-4bit-dequantize": "dequantize"}
+CHECKPOINTS = {"gptq-4bit-dequantize": "gptq-4bit"}  # the same checkpoint, another kernel
 CALIBRATION_SAMPLES = 16
 CALIBRATION_TOKENS = 64
 
@@ -135,13 +143,16 @@ def built_target(args: argparse.Namespace, precision: str) -> Path:
 def measure_all(precisions: list[str], args: argparse.Namespace, device: torch.device) -> list[QuantRow]:
     """Every precision once per round, rounds alternating (disk and CPU speed drift on a shared
     machine hits every precision alike); per figure, the best round counts."""
-    targets = {precision: str(built_target(args, precision)) for precision in precisions}
+    targets = {precision: str(built_target(args, CHECKPOINTS.get(precision, precision))) for precision in precisions}
     one_round = argparse.Namespace(**{**vars(args), "rounds": 1})
     best: dict[tuple[str, int], QuantRow] = {}
     for _ in range(args.rounds):
         for precision in precisions:
             dtype = DTYPES[precision]
-            for row in bench_offload.measure(targets[precision], one_round, device, dtype):
+            kernel = KERNELS.get(precision, "dequantize")
+            sources = [s for s in args.sources if kernel != "int4" or s == "ram"]
+            rounds = argparse.Namespace(**{**vars(one_round), "sources": sources})
+            for row in bench_offload.measure(targets[precision], rounds, device, dtype, kernel):
                 out = best.setdefault(
                     (precision, row.num_tokens),
                     QuantRow(
@@ -200,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
     bench_offload.set_threads(args.threads, device)
     precisions = [p for p in PRECISIONS if p in args.precisions]
     skipped = []
-    if "gptq-4bit" in precisions and gptq.missing_modules():
-        precisions.remove("gptq-4bit")
+    if any(p in KERNELS for p in precisions) and gptq.missing_modules():
+        precisions = [p for p in precisions if p not in KERNELS]
         skipped.append(
             f"gptq-4bit: skipped, the gptq extra is not installed ({', '.join(gptq.missing_modules())} "
             f"missing): {gptq.GPTQ_PIP}"

@@ -1,9 +1,16 @@
-"""Fill-in-the-middle training examples for `specexec build-default` (SPM order, Qwen token names).
+"""Training documents for `specexec build-default`, tokenized as they are met at a cursor.
 
-A FIM document is cut at line boundaries into pieces short enough to sit inside one training
-window; each piece is split into prefix / middle / suffix and written in SPM order,
-`<|fim_prefix|><|fim_suffix|>{suffix}<|fim_middle|>{prefix}{middle}`. The stream encoder wraps every
-example in BOS ... EOS, so the model learns to end the middle with EOS where the suffix begins.
+A document is a tuple of parts; the stream encoder tokenizes each part alone and concatenates them,
+because the server tokenizes a prompt that ends at a cursor alone. Byte-level BPE joins a space run's
+last space to the next word (`"\n    return"` is `"\n   "` + `" return"`), so a prompt ending in
+`"\n    "` ends in a token that whole-text tokenization only shows before a blank line or the end of
+a text; a model trained on whole texts alone answers it with EOS.
+
+Fill-in-the-middle: a FIM document is cut at line boundaries into pieces short enough to sit inside
+one training window; each piece is split into prefix / middle / suffix and written in SPM order as
+two parts, the prompt `<|fim_prefix|><|fim_suffix|>{suffix}<|fim_middle|>{prefix}` and the middle.
+The stream encoder wraps every example in BOS ... EOS, so the model learns to end the middle with
+EOS where the suffix begins.
 
 SPM rather than PSM: the middle continues the prefix directly, which a 4M-parameter model does as
 well as plain completion, whereas in PSM it must first find where the prefix ended across the
@@ -11,20 +18,30 @@ suffix (a PSM-trained build of this size got the first middle token right 4% of 
 The cursor (the split's start) is a uniform point that does not cut a word; half the middles run to
 the end of the cursor's line or one or two lines past it (what an editor's tab completion asks
 for), half end at a second uniform point.
+
+Cursor cuts: a share of the other documents are cut at one cursor per piece (where an indented
+line's code starts, where Enter and auto-indent leave it, CUT_INDENT_SHARE of the time, else a
+uniform point that does not cut a word), so the model meets both tokenizations of the same code.
+The stream encoder makes the token before each cut no training target: the model learns to continue
+a text tokenized at a cursor, not to write text tokenized that way.
 """
 
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
 FIM_TOKENS = [FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE]
+
+Document = tuple[str, ...]  # parts of one training document, each tokenized alone, then concatenated
 
 FIM_ORDER = "spm"  # written to the tokenizer config: the server builds prompts in this order
 LINE_END_SHARE = 0.5  # middles that end at a line end (0, 1 or 2 lines past the cursor's)
 MIN_PIECE_CHARS = 32  # a piece grows line by line until it reaches a length drawn from
 MAX_PIECE_CHARS = 256  # [MIN_PIECE_CHARS, MAX_PIECE_CHARS]; ~3.3 chars per token at vocab 4096
 LONGEST_PIECE_CHARS = 2048  # longer pieces (one huge line) stay plain text
+CUT_INDENT_SHARE = 0.75  # cursor cuts at an indented line's code start; the rest at a uniform split point
 
 
 def fim_prompt(prefix: str, suffix: str) -> str:
@@ -32,9 +49,10 @@ def fim_prompt(prefix: str, suffix: str) -> str:
     return f"{FIM_PREFIX}{FIM_SUFFIX}{suffix}{FIM_MIDDLE}{prefix}"
 
 
-def fim_example(prefix: str, middle: str, suffix: str) -> str:
-    """One SPM training example (BOS/EOS are added by the stream encoder)."""
-    return fim_prompt(prefix, suffix) + middle
+def fim_example(prefix: str, middle: str, suffix: str) -> Document:
+    """One SPM training example: the prompt (ending at the cursor) and the middle, tokenized apart as
+    the server tokenizes the prompt (BOS/EOS are added by the stream encoder)."""
+    return (fim_prompt(prefix, suffix), middle)
 
 
 def split_pieces(text: str, rng: random.Random) -> list[str]:
@@ -95,20 +113,57 @@ def fim_splits(text: str, rng: random.Random) -> list[str | tuple[str, str, str]
     return splits
 
 
-def fim_pieces(text: str, rng: random.Random) -> list[str]:
+def fim_pieces(text: str, rng: random.Random) -> list[Document]:
     """A document as FIM examples, one per piece (pieces too long for a window stay plain text)."""
-    return [part if isinstance(part, str) else fim_example(*part) for part in fim_splits(text, rng)]
+    return [(part,) if isinstance(part, str) else fim_example(*part) for part in fim_splits(text, rng)]
 
 
-def apply_fim(texts: list[str], rate: float, seed: int) -> list[str]:
-    """Training documents with a `rate` fraction of them (seeded draw per document) turned into FIM
-    examples; the rest stay whole. Order is kept: a FIM document's examples replace it in place."""
-    assert 0.0 <= rate <= 1.0, rate
-    rng = random.Random(seed)
-    out: list[str] = []
+def indent_ends(piece: str) -> list[int]:
+    """Where each indented line's code starts (a cut before an unindented line tokenizes as the whole
+    text does: a lone newline is a token of its own)."""
+    points, start = [], 0
+    for line in piece.splitlines(keepends=True):
+        code = line.lstrip(" \t")
+        if code.strip() and len(code) < len(line):
+            points.append(start + len(line) - len(code))
+        start += len(line)
+    return points
+
+
+def cursor_cut(piece: str, rng: random.Random) -> int:
+    """A cursor in `piece`: an indented line's code start (CUT_INDENT_SHARE, when it has one), else a
+    uniform split point."""
+    indents = indent_ends(piece)
+    if indents and rng.random() < CUT_INDENT_SHARE:
+        return indents[rng.randrange(len(indents))]
+    points = split_points(piece)
+    return points[rng.randrange(len(points))]
+
+
+def cursor_parts(text: str, rng: random.Random) -> Document:
+    """`text` cut at one cursor per split_pieces piece (the pieces themselves stay joined); the
+    non-empty parts, in order."""
+    bounds, offset = [0], 0
+    for piece in split_pieces(text, rng):
+        bounds.append(offset + cursor_cut(piece, rng))
+        offset += len(piece)
+    bounds.append(len(text))
+    return tuple(text[lo:hi] for lo, hi in pairwise(bounds) if hi > lo)
+
+
+def training_documents(texts: list[str], fim_rate: float, cut_rate: float, seed: int) -> list[Document]:
+    """Training documents: a `fim_rate` fraction of the texts (seeded draw per text) become FIM
+    examples, a `cut_rate` fraction of the rest are cut at cursors (a second seeded stream, so the
+    FIM choice does not depend on `cut_rate`), the others stay whole. Order is kept: a FIM text's
+    examples replace it in place."""
+    assert 0.0 <= fim_rate <= 1.0 and 0.0 <= cut_rate <= 1.0, (fim_rate, cut_rate)
+    rng, cut_rng = random.Random(seed), random.Random(seed + 1)
+    out: list[Document] = []
     for text in texts:
-        if rng.random() < rate:
+        if rng.random() < fim_rate:
             out.extend(fim_pieces(text, rng))
+        elif cut_rng.random() < cut_rate:
+            out.append(cursor_parts(text, cut_rng))
         else:
-            out.append(text)
+            out.append((text,))
     return out

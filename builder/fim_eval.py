@@ -3,10 +3,12 @@
 Examples are fim_corpus.fim_splits of held-out texts (seeded): a prefix, a middle and a suffix each.
 The target alone generates greedily from the FIM prompt in its tokenizer's order (`fim_order` in the
 tokenizer config: "spm", else "psm"), at most MAX_NEW_TOKENS, and the decoded text is compared with
-the middle: exactly right, first line right (what a one-line tab completion shows), and stopped with
-EOS. For scale, `plain_first_line`: the first line right when the model just continues the prefix
-(no suffix, no FIM markers), the model's plain-completion skill on the same cursors. Speculation does
-not change greedy output, so the served pair gives the same text.
+the middle: exactly right, first line right (what a one-line tab completion shows), stopped with EOS,
+and empty (EOS at once); and, teacher-forced, whether the target's most likely first token after the
+prompt is the middle's first token (EOS for an empty middle), the middle tokenized alone. For scale,
+`plain_first_line`: the first line right when the model just continues the prefix (no suffix, no FIM
+markers), the model's plain-completion skill on the same cursors. Speculation does not change greedy
+output, so the served pair gives the same text.
 
     python -m builder.fim_eval models/default/target
 """
@@ -36,6 +38,9 @@ class FimScore:
     exact: float  # fraction whose generated middle equals the true one
     first_line: float  # fraction whose first generated line equals the middle's first line
     stopped: float  # fraction that ended with EOS within MAX_NEW_TOKENS
+    empty: float  # fraction whose generated middle is empty (EOS first)
+    true_empty: float  # fraction whose true middle is empty
+    first_token: float  # fraction whose argmax after the prompt is the middle's first token (teacher-forced)
     plain_first_line: float  # first line right from a plain continuation of the prefix
 
 
@@ -60,16 +65,30 @@ def examples(texts: list[str], count: int, seed: int = 0) -> list[tuple[str, str
 @torch.no_grad()
 def score(model: torch.nn.Module, tok: PreTrainedTokenizerBase, cases: list[tuple[str, str, str]]) -> FimScore:
     order = fim_order(tok)
-    exact = first_line = stopped = plain = 0
+    exact = first_line = stopped = plain = first_token = empty = 0
     for prefix, middle, suffix in cases:
-        text, ended = greedy(model, tok, prompt_text(order, prefix, suffix))
+        prompt = prompt_text(order, prefix, suffix)
+        first_token += int(first_token_right(model, tok, prompt, middle))
+        text, ended = greedy(model, tok, prompt)
         exact += int(ended and text == middle)
         first_line += int(text.split("\n")[0] == middle.split("\n")[0])
         stopped += int(ended)
+        empty += int(text == "")
         plain_text, _ = greedy(model, tok, prefix)
         plain += int(plain_text.split("\n")[0] == middle.split("\n")[0])
     n = max(len(cases), 1)
-    return FimScore(len(cases), exact / n, first_line / n, stopped / n, plain / n)
+    return FimScore(
+        examples=len(cases), exact=exact / n, first_line=first_line / n, stopped=stopped / n, empty=empty / n,
+        true_empty=sum(middle == "" for _p, middle, _s in cases) / n, first_token=first_token / n,
+        plain_first_line=plain / n,
+    )
+
+
+def first_token_right(model: torch.nn.Module, tok: PreTrainedTokenizerBase, prompt: str, middle: str) -> bool:
+    """Whether the argmax after BOS + prompt is the first token of the middle encoded alone (EOS if empty)."""
+    enc = tok(prompt, return_tensors="pt")
+    middle_ids = tok.encode(middle, add_special_tokens=False) or [tok.eos_token_id]
+    return int(model(**enc).logits[0, -1].argmax()) == middle_ids[0]
 
 
 def greedy(model: torch.nn.Module, tok: PreTrainedTokenizerBase, prompt: str) -> tuple[str, bool]:
@@ -88,7 +107,9 @@ def card_lines(result: FimScore) -> list[str]:
         f"- Fill-in-the-middle, {result.examples} held-out pieces split as in training, target greedy "
         f"(at most {MAX_NEW_TOKENS} tokens): middle exactly right {result.exact:.1%}, first line right "
         f"{result.first_line:.1%} (continuing the prefix without FIM: {result.plain_first_line:.1%}), ended with "
-        f"EOS {result.stopped:.1%} (`python -m builder.fim_eval`).",
+        f"EOS {result.stopped:.1%} (at once, an empty middle: {result.empty:.1%}; true middles that are empty: "
+        f"{result.true_empty:.1%}), first middle token right {result.first_token:.1%} (teacher-forced; "
+        "`python -m builder.fim_eval`).",
     ]
 
 

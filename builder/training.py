@@ -21,9 +21,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from builder.fim_corpus import FIM_TOKENS
+from builder.fim_corpus import FIM_TOKENS, Document
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+IGNORE = -100  # label of a position with no training target (cross_entropy's ignore_index)
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 SPECIAL_TOKENS = [BOS, EOS, PAD, *ROLE_TOKENS, *FIM_TOKENS]
 
@@ -111,16 +112,26 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFas
     return fast
 
 
-def encode_stream(tok: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
-    """Concatenate documents as BOS + tokens + EOS; returns int32 [n_tokens]."""
+def encode_stream(tok: PreTrainedTokenizerFast, documents: list[Document]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate documents as BOS + tokens + EOS, a document's tokens being its parts' tokens, each
+    part encoded alone (fim_corpus.Document). Returns (ids int32 [n_tokens], is_target bool [n_tokens]):
+    a part's last token before another part is no training target, since only a prompt ends there (the
+    model learns to continue after it, not to write text tokenized that way)."""
     bos, eos = tok.bos_token_id, tok.eos_token_id
-    encodings = tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    parts = [part for doc in documents for part in doc]
+    encodings = iter(tok.backend_tokenizer.encode_batch(parts, add_special_tokens=False))
     ids: list[int] = []
-    for enc in encodings:
+    cursors: list[int] = []  # stream positions of tokens just before a cut
+    for doc in documents:
         ids.append(bos)
-        ids.extend(enc.ids)
+        for idx in range(len(doc)):
+            ids.extend(next(encodings).ids)
+            if idx < len(doc) - 1:
+                cursors.append(len(ids) - 1)
         ids.append(eos)
-    return torch.tensor(ids, dtype=torch.int32)
+    is_target = torch.ones(len(ids), dtype=torch.bool)
+    is_target[torch.tensor(cursors, dtype=torch.long)] = False
+    return torch.tensor(ids, dtype=torch.int32), is_target
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,16 +196,22 @@ class StageResult:
     seconds: float
     final_loss: float
     stopped_by_time: bool
+    cpu_seconds: float  # this process's CPU time over the stage (all its threads)
 
 
-def batches(ids: torch.Tensor, batch_size: int, seq_len: int, seed: int) -> Iterator[torch.Tensor]:
-    """Endless random windows of the stream; yields int64 [batch_size, seq_len + 1]."""
+def batches(
+    ids: torch.Tensor, is_target: torch.Tensor, batch_size: int, seq_len: int, seed: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless random windows of the stream: (inputs int64 [B, seq_len], labels int64 [B, seq_len]),
+    labels the next tokens, IGNORE where the next token is no training target."""
     gen = torch.Generator().manual_seed(seed)
     offsets = torch.arange(seq_len + 1)  # [seq_len + 1]
     high = ids.numel() - seq_len - 1
     while True:
         starts = torch.randint(0, high, (batch_size, 1), generator=gen)  # [B, 1]
-        yield ids[starts + offsets].long()  # [B, seq_len + 1]
+        window = ids[starts + offsets].long()  # [B, seq_len + 1]
+        labels = window[:, 1:].masked_fill(~is_target[starts + offsets[1:]], IGNORE)  # [B, seq_len]
+        yield window[:, :-1], labels
 
 
 def lr_at(step: int, progress: float, spec: StageSpec) -> float:
@@ -207,10 +224,11 @@ def lr_at(step: int, progress: float, spec: StageSpec) -> float:
 def distill_loss(
     logits: torch.Tensor, teacher_logits: torch.Tensor | None, labels: torch.Tensor, kd_weight: float
 ) -> torch.Tensor:
-    """CE to `labels` [B, L], mixed with KL(teacher || student) over logits [B, L, V] when a teacher is given."""
+    """CE to `labels` [B, L] (IGNORE: none), mixed with KL(teacher || student) over logits [B, L, V] at
+    every position when a teacher is given."""
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab)  # [B*L, V]
-    ce = F.cross_entropy(flat, labels.reshape(-1))
+    ce = F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE)
     if teacher_logits is None or kd_weight == 0.0:
         return ce
     teacher_logp = F.log_softmax(teacher_logits.reshape(-1, vocab), dim=-1)  # [B*L, V]
@@ -221,20 +239,22 @@ def distill_loss(
 def train_stage(
     model: LlamaForCausalLM,
     ids: torch.Tensor,
+    is_target: torch.Tensor,
     spec: StageSpec,
     seed: int,
     teacher: LlamaForCausalLM | None = None,
     kd_weight: float = 0.0,
 ) -> StageResult:
-    """Train `model` on random windows of `ids` (next-token CE, optionally distilled from `teacher`)."""
+    """Train `model` on random windows of `ids` (next-token CE on the tokens `is_target` marks,
+    optionally distilled from `teacher`)."""
     torch.manual_seed(seed)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay)
     budget = spec.minutes * 60.0 if spec.minutes else None
-    start, ema, step, by_time = time.monotonic(), float("nan"), 0, False
+    start, cpu_start, ema, step, by_time = time.monotonic(), time.process_time(), float("nan"), 0, False
     bar = tqdm(total=spec.steps, desc=spec.name, dynamic_ncols=True, mininterval=5.0)
     device = next(model.parameters()).device  # the teacher lives there too
-    for step, batch in enumerate(batches(ids, spec.batch_size, spec.seq_len, seed)):
+    for step, (inputs, labels) in enumerate(batches(ids, is_target, spec.batch_size, spec.seq_len, seed)):
         elapsed = time.monotonic() - start
         progress = max(step / spec.steps, elapsed / budget if budget else 0.0)
         if step >= spec.steps or progress >= 1.0:
@@ -242,25 +262,26 @@ def train_stage(
             break
         for group in opt.param_groups:
             group["lr"] = lr_at(step, progress, spec)
-        loss = _train_step(model, opt, batch.to(device), teacher, kd_weight)
+        loss = _train_step(model, opt, inputs.to(device), labels.to(device), teacher, kd_weight)
         ema = loss if math.isnan(ema) else 0.98 * ema + 0.02 * loss
         bar.update(1)
         bar.set_postfix(loss=f"{ema:.3f}", min=f"{elapsed / 60:.1f}", refresh=False)
     bar.close()
     model.eval()
     seconds = time.monotonic() - start
-    return StageResult(step, step * spec.batch_size * spec.seq_len, seconds, ema, by_time)
+    cpu_seconds = time.process_time() - cpu_start
+    return StageResult(step, step * spec.batch_size * spec.seq_len, seconds, ema, by_time, cpu_seconds)
 
 
 def _train_step(
     model: LlamaForCausalLM,
     opt: torch.optim.Optimizer,
-    batch: torch.Tensor,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
     teacher: LlamaForCausalLM | None,
     kd_weight: float,
 ) -> float:
-    """One optimizer step on batch int64 [B, L + 1]; returns the loss value."""
-    inputs, labels = batch[:, :-1], batch[:, 1:]  # [B, L] each
+    """One optimizer step on inputs and labels int64 [B, L]; returns the loss value."""
     teacher_logits = None
     if teacher is not None:
         with torch.no_grad():

@@ -23,6 +23,9 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
     "--device": ("model", "device", str, "auto (cuda if available), cpu or cuda[:N]"),
     "--threads": ("model", "threads", int, "CPU threads for torch's kernels; 0: auto (the usable cores less one, "
                   "at least 1, at most 16; on CUDA: 1)"),
+    "--gptq-kernel": ("model", "gptq_kernel", str, "GPTQ checkpoints: int4 (torch's int4 matmul), dequantize "
+                      "(gptqmodel's torch kernel, the whole matrix per call) or auto (int4 on CPU unless the "
+                      "target streams from disk; dequantize on CUDA)"),
     "--method": ("speculation", "method", str, "specexec, specinfer, rrs or autoregressive (no draft)"),
     "--budget": ("speculation", "budget", str, "draft tokens per tree, or auto (measured at startup and from traffic)"),
     "--max-expand": ("speculation", "max_expand", int, "K: leaves expanded per draft forward"),
@@ -53,7 +56,8 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                         "(keeps a pass within twice its cost)"),
 }
 CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "rrs", "autoregressive"),
-           "--offload-source": ("ram", "disk"), "--overlap": ("on", "off")}
+           "--offload-source": ("ram", "disk"), "--overlap": ("on", "off"),
+           "--gptq-kernel": ("auto", "int4", "dequantize")}
 
 
 def on_off(text: str) -> bool | str:
@@ -130,8 +134,9 @@ def parse_budget(value: str) -> int | str:
         raise ConfigError("speculation.budget", f"must be an integer >= 1 or 'auto', got {value!r}") from None
 
 
-def engine_config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, dict]:
-    """EngineConfig from --config and flags; also returns the file's [server] section."""
+def engine_config_from_args(args: argparse.Namespace, require_folders: bool = True) -> tuple[EngineConfig, dict]:
+    """EngineConfig from --config and flags; also returns the file's [server] section. require_folders:
+    the model folders must exist (`specexec plan` needs only their shapes)."""
     sections = read_config_file(args.config) if args.config else {}
     overrides: dict[str, dict] = {}
     for flag, (section, field, _kind, _meaning) in ENGINE_FLAGS.items():
@@ -150,7 +155,8 @@ def engine_config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, dic
         if not model.get("name"):
             overrides["model"]["name"] = DEFAULT_MODEL_NAME
     config = engine_config_from(sections, overrides, args.config)
-    check_paths(config)
+    if require_folders:
+        check_paths(config)
     return config, sections.get("server", {})
 
 

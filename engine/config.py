@@ -34,6 +34,10 @@ class ModelConfig:
     device: str = "auto"  # auto: cuda if available else cpu
     name: str = ""  # model id served over HTTP; default: target folder name
     threads: int = 0  # CPU threads for torch's kernels; 0: auto (engine.cli.auto_threads)
+    # GPTQ checkpoints: int4 (torch's int4 matmul on bf16 activations, no dense weight per call),
+    # dequantize (gptqmodel's torch kernel: the whole matrix per call), auto (int4 on CPU where it
+    # applies, except a target streamed from disk; dequantize on CUDA until checked on a GPU)
+    gptq_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         require(
@@ -47,6 +51,8 @@ class ModelConfig:
             f"must be auto, cpu or cuda[:N], got {self.device!r}",
         )
         require(self.threads >= 0, "model.threads", f"must be >= 0 (0: auto), got {self.threads!r}")
+        require(self.gptq_kernel in ("auto", "int4", "dequantize"), "model.gptq_kernel",
+                f"must be auto, int4 or dequantize, got {self.gptq_kernel!r}")
 
 
 @dataclass(frozen=True)

@@ -149,8 +149,7 @@ class Engine:
     def _new_pool(self, num_slots: int, reuse: bool) -> KVPool:
         spec = self.config.speculation
         target_capacity, draft_capacity = memory_plan.cache_capacities(
-            self.max_context, self.budget, spec.max_depth, spec.max_expand,
-            spec.extension_budget(self.budget) if self.side_stream is not None else 0,
+            self.max_context, self.budget, spec.max_depth, spec.max_expand
         )
         draft = self.pair.draft
         slots = [
@@ -163,8 +162,7 @@ class Engine:
         """Serve from `pool`, replaced by a fresh one of the same size if its caches are too small."""
         spec = self.config.speculation
         target_capacity, draft_capacity = memory_plan.cache_capacities(
-            self.max_context, self.budget, spec.max_depth, spec.max_expand,
-            spec.extension_budget(self.budget) if self.side_stream is not None else 0,
+            self.max_context, self.budget, spec.max_depth, spec.max_expand
         )
         slot = pool.slots[0]
         if slot.target.capacity < target_capacity or (slot.draft is not None and slot.draft.capacity < draft_capacity):

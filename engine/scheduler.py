@@ -139,7 +139,8 @@ class Scheduler:
             running.curve = update_curve(running.curve, seq.acceptance_curve, self.max_budget)
         new_ids, finish = self.finish(running, new_ids)
         seq.emitted += len(new_ids)
-        stats = dataclasses.replace(stats, num_emitted=len(new_ids))  # after stop / max_tokens truncation
+        # after stop / max_tokens truncation: the draft's tokens among those kept
+        stats = dataclasses.replace(stats, num_emitted=len(new_ids), num_accepted=min(stats.num_accepted, len(new_ids)))
         running.totals.add_step(stats, decode=not running.first_step)
         if running.first_step:  # the prompt's prefill and the first tokens: admission to now
             running.first_step = False

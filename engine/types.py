@@ -27,18 +27,25 @@ MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's bound)
 REPETITION_PENALTY_RANGE = (0.01, 100.0)  # 1 is off (HF/vLLM meaning; both only require > 0)
 MAX_LOGIT_BIAS = 100.0  # |logit_bias| values (OpenAI's bound)
 
-StructuredOutputKind = Literal["json_object", "json_schema", "regex"]
-STRUCTURED_OUTPUT_KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex")
+StructuredOutputKind = Literal["json_object", "json_schema", "regex", "structural_tag"]
+STRUCTURED_OUTPUT_KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex", "structural_tag")
 
 
 @dataclass(frozen=True)
 class StructuredOutput:
     """Output constrained by a grammar: any JSON object (json_object), JSON valid under a JSON schema
-    (json_schema; `spec` is the schema as JSON text), or text matching a regular expression (regex;
-    `spec` is the pattern). Compiled and checked by the engine (`validate_structured_output`)."""
+    (json_schema; `spec` is the schema as JSON text), text matching a regular expression (regex;
+    `spec` is the pattern), or an xgrammar structural tag (structural_tag; `spec` is its JSON text,
+    `{"type": "structural_tag", "format": {...}}`: text, tags and JSON schemas combined, as tool
+    calls need). Compiled and checked by the engine (`validate_structured_output`).
+
+    The tokenizer's special tokens never appear in the output, except those named in
+    `special_tokens` (by their text, e.g. a tool-call marker "[TOOL_CALLS]"): the grammar reads
+    these as their text."""
 
     kind: StructuredOutputKind
     spec: str = ""  # "" for json_object
+    special_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_OUTPUT_KINDS:

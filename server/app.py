@@ -7,13 +7,13 @@ must be JSON and Host names loopback unless configured otherwise (server/securit
 capped (server/limits.py), and a shutdown drains requests in flight (server/shutdown.py).
 A generation request: parse (server/protocol.py) -> prompt ids and max tokens
 (server/prompt.py) -> `to_sampling_params` -> `Generation`, streamed (server/sse.py) or
-collected (server/generation.py).
+collected (server/generation.py). /v1/responses maps its body to a chat request and takes the same
+path (server/responses_api/).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,22 +24,20 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from engine.config import EngineConfig
-from engine.types import GenerationEngine, SamplingParams, StructuredOutputError
-from engine.types import Request as EngineRequest
-from server.choices import choice_request_id, start_choices
+from engine.types import GenerationEngine
 from server.config import ServerConfig
-from server.detok import TextStream
-from server.errors import APIError, authentication_error, install_error_handlers, invalid_request
-from server.generation import Generation, collect_response
+from server.errors import APIError, authentication_error, install_error_handlers
+from server.generation import collect_response
 from server.infill import infill
 from server.limits import read_body
-from server.logprobs import LogprobFormat, TokenTexts
 from server.metrics import CONTENT_TYPE
-from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, parse_request
-from server.responses import Envelope
+from server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from server.responses_api.routes import create_response, delete_response, get_response, list_input_items
+from server.responses_api.store import ResponseStore
 from server.security import HostCheckMiddleware, allowed_hosts, require_json
 from server.shutdown import DrainGate
 from server.sse import stream_response
+from server.start import start_generations
 from server.state import EngineLoader, ServerState, default_loader
 
 
@@ -69,6 +67,7 @@ def build_app(
 
     app = FastAPI(title="SpecExec Server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specexec = state
+    app.state.response_store = ResponseStore()  # stored /v1/responses (server/responses_api/store.py)
     install_error_handlers(app)
     app.add_middleware(DrainGate, state=state)  # middlewares added later wrap the earlier ones
     if server_config.cors_origins:
@@ -115,6 +114,10 @@ def _v1_router() -> APIRouter:
     json_body = [Depends(require_json)]  # after the API key check
     router.add_api_route("/chat/completions", chat_completions, methods=["POST"], dependencies=json_body)
     router.add_api_route("/completions", completions, methods=["POST"], dependencies=json_body)
+    router.add_api_route("/responses", create_response, methods=["POST"], dependencies=json_body)
+    router.add_api_route("/responses/{response_id}", get_response, methods=["GET"])
+    router.add_api_route("/responses/{response_id}", delete_response, methods=["DELETE"])
+    router.add_api_route("/responses/{response_id}/input_items", list_input_items, methods=["GET"])
     return router
 
 
@@ -167,39 +170,7 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
     raw = await read_body(request, config.max_body_bytes, config.read_timeout)
     # parsing, templates and tokenization of a large body take seconds: off the event loop
     req = await asyncio.to_thread(parse_request, raw, ChatCompletionRequest if chat else CompletionRequest)
-    async_engine, prompt = state.require_ready()
-    state.check_model(req.model)
-    plan = prompt.tool_plan(req)  # None: no tool calls to read (server/toolcalls/plan.py)
-    prompt_ids = await asyncio.to_thread(prompt.prompt_ids, req, plan)
-    params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
-    await check_structured_output(state, req)
-    if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
-        params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)
-    env = Envelope(chat, state.response_model(req.model), state.fingerprint)
-    texts = None if params.logprobs is None else TokenTexts(prompt.tokenizer)
-
-    def start(index: int, choice: SamplingParams) -> Generation:
-        text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=None if plan is None else plan.drop_ids)
-        logprobs = None if texts is None else LogprobFormat(texts, chat)
-        tools = None if plan is None else plan.output(eager=bool(req.stream))
-        engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice)
-        return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,
-                          tools=tools)
-
-    gens = start_choices(req.n or 1, params, start)
+    gens, env = await start_generations(state, req, chat, endpoint)
     if req.stream:
-        return stream_response(gens, env, async_engine, req.include_usage, state.server_config.ping_seconds)
+        return stream_response(gens, env, state.require_ready()[0], req.include_usage, config.ping_seconds)
     return await collect_response(request, gens, env)
-
-
-async def check_structured_output(state: ServerState, req: SamplingRequest) -> None:
-    """Compile the request's grammar (cached for the engine) off the event loop; one the engine cannot
-    compile is a 400 naming the field that asked for it."""
-    grammar = req.structured_output()
-    if grammar is None or state.engine is None:
-        return
-    param, spec = grammar
-    try:
-        await asyncio.to_thread(state.engine.validate_structured_output, spec)
-    except StructuredOutputError as exc:
-        raise invalid_request(f"Invalid '{param}': {exc}.", param, "invalid_value") from None

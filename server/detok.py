@@ -33,9 +33,22 @@ class Detokenizer:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._drop_ids = drop_ids
+        self._special: frozenset[int] | None = None  # the special ids decoding skips (made on first use)
         self._ids: list[int] = []
         self._prefix_offset = 0  # start of the decode window (context for spacing/merges)
         self._read_offset = 0  # ids before this offset have been emitted as text
+
+    def drops(self, token_id: int) -> bool:
+        """Whether decoding leaves this token out of the text (a special token, or one of drop_ids)."""
+        if self._drop_ids is not None:
+            return token_id in self._drop_ids
+        if not self._skip_special:
+            return False
+        if self._special is None:
+            added = getattr(self._tokenizer, "added_tokens_decoder", {})
+            self._special = frozenset(getattr(self._tokenizer, "all_special_ids", ())) | frozenset(
+                i for i, token in added.items() if getattr(token, "special", False))
+        return token_id in self._special
 
     def _decode(self, ids: list[int]) -> str:
         if self._drop_ids is not None:
@@ -116,6 +129,15 @@ class TextStream:
     def stop_string(self) -> str | None:
         """The stop string that ended the text, if one did."""
         return self._stop.matched
+
+    def drops(self, token_id: int) -> bool:
+        """Whether the text leaves this token out (special tokens)."""
+        return self._detok.drops(token_id)
+
+    def halt(self) -> None:
+        """End the text here, as a stop string would (with no stop string: `stop_string` is "")."""
+        if self._stop.matched is None:
+            self._stop.matched = ""
 
     def feed(self, token_ids: Sequence[int]) -> str:
         out: list[str] = []

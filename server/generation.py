@@ -107,10 +107,13 @@ class Generation:
         raise GenerationFailed("the engine stream ended without a final delta")
 
     def _keep_logprobs(self, delta: TokenDelta, num_consumed: int) -> None:
-        """The logprobs of the tokens the text consumed (up to a stop string's last token)."""
+        """The logprobs of the tokens the text consumed (up to a stop string's last token), except
+        special tokens the text leaves out (so entries and text offsets follow the text)."""
         if self._logprobs is not None and delta.logprobs is not None:
-            self._logprob_ids.extend(delta.token_ids[:num_consumed])
-            self._logprob_entries.extend(delta.logprobs[:num_consumed])
+            for token_id, entry in zip(delta.token_ids[:num_consumed], delta.logprobs[:num_consumed], strict=True):
+                if not self.text.drops(token_id):
+                    self._logprob_ids.append(token_id)
+                    self._logprob_entries.append(entry)
 
     def take_logprobs(self, empty_as_none: bool = False) -> dict[str, Any] | None:
         """The logprobs object of the tokens consumed since the last call; None if not requested."""
@@ -119,6 +122,13 @@ class Generation:
         ids, entries = self._logprob_ids, self._logprob_entries
         self._logprob_ids, self._logprob_entries = [], []
         return self._logprobs.format(ids, entries)
+
+    def halt(self) -> None:
+        """End the text here (a limit the caller checks, like /infill's n_indent): as after a stop string,
+        the engine request is aborted and drained, so its totals are still known; finish reason "stop"."""
+        if not self.text.stopped:
+            self.text.halt()
+            self._async_engine.abort(self.request_id)
 
     def cancel(self) -> None:
         """Give up the request before reading it (another choice of the same response failed)."""
@@ -153,6 +163,22 @@ class Generation:
 async def collect_response(request: HTTPRequest, gens: list[Generation], env: Envelope) -> Response:
     """Non-streaming: gather each choice's text; a client that goes away, or a choice that fails,
     aborts every engine request of the response."""
+    texts = await collect_texts(request, gens, env.id)
+    if texts is None:
+        return Response(status_code=499)
+    choices = []
+    for index, (gen, text) in enumerate(zip(gens, texts, strict=True)):
+        assert gen.finish_reason is not None
+        content, calls = (text, None) if gen.tools is None else gen.tools.message(text)
+        reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
+        choices.append(env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls))
+    body = env.completion(choices, choices_usage(gens), choices_timings(gens))
+    return JSONResponse(body, headers={"x-request-id": env.id})
+
+
+async def collect_texts(request: HTTPRequest, gens: list[Generation], response_id: str) -> list[str] | None:
+    """Each choice's whole text; None when the client went away (every engine request aborted). A
+    choice that fails aborts the others and raises its HTTP error."""
 
     async def run(gen: Generation) -> str:
         return "".join([piece async for piece in gen.pieces()])
@@ -165,25 +191,17 @@ async def collect_response(request: HTTPRequest, gens: list[Generation], env: En
             if any(not task.cancelled() and task.exception() is not None for task in done):
                 break
             if await request.is_disconnected():
-                return Response(status_code=499)
-        texts = [task.result() for task in tasks]  # raises the first failure
+                return None
+        return [task.result() for task in tasks]  # raises the first failure
     except Exception as exc:
         error = generation_error(exc)
         if error.status == 500:
-            log.exception("request %s failed", env.id)
+            log.exception("request %s failed", response_id)
         raise error from None
     finally:
         for task in tasks:
             if not task.done():
                 task.cancel()
-    choices = []
-    for index, (gen, text) in enumerate(zip(gens, texts, strict=True)):
-        assert gen.finish_reason is not None
-        content, calls = (text, None) if gen.tools is None else gen.tools.message(text)
-        reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
-        choices.append(env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls))
-    body = env.completion(choices, choices_usage(gens), choices_timings(gens))
-    return JSONResponse(body, headers={"x-request-id": env.id})
 
 
 def choices_usage(gens: list[Generation]) -> dict[str, Any]:
@@ -211,19 +229,23 @@ def timings(totals: GenerationStats | None, prompt_tokens: int, completion_token
     """Speculation statistics (beyond OpenAI), in the spirit of llama.cpp's `timings`."""
     t = totals or GenerationStats()
     passes = t.target_passes
+    # the tokens of the prompt's own pass are timed with the prompt: when they are all there is, that
+    # pass is also the generation's time (predicted_ms then overlaps prompt_ms)
+    decode_seconds = t.decode_seconds or (t.prefill_seconds if completion_tokens else 0.0)
+    accepted = min(t.accepted_tokens, completion_tokens)  # none beyond the returned tokens (a stop cut them)
     return {
         "prompt_n": prompt_tokens,
         "cache_n": t.cached_tokens,  # of prompt_n, served by the prefix cache
         "prompt_ms": round(t.prefill_seconds * 1000, 3),
         "prompt_tokens_per_second": _rate(prompt_tokens, t.prefill_seconds),
         "predicted_n": completion_tokens,
-        "predicted_ms": round(t.decode_seconds * 1000, 3),
-        "generation_tokens_per_second": _rate(completion_tokens, t.decode_seconds),
+        "predicted_ms": round(decode_seconds * 1000, 3),
+        "generation_tokens_per_second": _rate(completion_tokens, decode_seconds),
         "target_passes": passes,
-        "draft_tokens_accepted": t.accepted_tokens,
+        "draft_tokens_accepted": accepted,
         # tokens emitted per target pass: accepted draft tokens + the target's bonus token
         "mean_accepted_per_pass": round(t.mean_accepted_per_pass, 4),
-        "mean_draft_accepted_per_pass": round(t.accepted_tokens / passes, 4) if passes else 0.0,
+        "mean_draft_accepted_per_pass": round(accepted / passes, 4) if passes else 0.0,
     }
 
 

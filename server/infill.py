@@ -6,15 +6,19 @@ prefix), `n_predict` (-1 or absent: the server's default; 0: nothing is generate
 reports the prompt's size, as llama.vscode's cache-warming requests expect), `temperature`, `top_k`,
 `top_p`, `min_p` (absent: llama.cpp's defaults 0.8 / 40 / 0.95 / 0.05), `seed` (-1: random),
 `repeat_penalty`, `presence_penalty`, `frequency_penalty`, `logit_bias` ({"id": bias} or [[id, bias]],
-bias `false` bans the token), `ignore_eos`, `stop`, `stream`. Scheduling and cache fields llama.cpp
-also takes (`cache_prompt`, `id_slot`, `samplers`, `n_indent`, `t_max_prompt_ms`, `t_max_predict_ms`,
-`n_cmpl`) are accepted and ignored; `n_probs` > 0 is a 400.
+bias `false` bans the token), `ignore_eos`, `stop`, `stream`, and as llama.cpp's server does
+`t_max_predict_ms` (once that long has passed since the first generated text and a newline was
+generated, the completion stops) and `n_indent` (a generated line indented by fewer spaces or tabs
+stops the completion before that line's text). Scheduling and cache fields llama.cpp also takes
+(`cache_prompt`, `id_slot`, `samplers`, `t_max_prompt_ms`, `n_cmpl`) are accepted and ignored;
+`n_probs` > 0 is a 400.
 
 A prompt longer than the context minus `n_predict` is cut as llama.cpp cuts it (server/fim.py `fit`)
 and the response says `"truncated": true`.
 
 Response: `{"content", "stop": true, "stop_type": "eos" | "limit" | "word", "stopping_word",
-"tokens_predicted", "tokens_evaluated", "truncated", "timings", ...}`. Streamed: `data: {"content":
+"tokens_predicted", "tokens_evaluated", "tokens_cached" (prompt tokens the prefix cache served),
+"truncated", "timings", ...}`; a t_max_predict_ms or n_indent stop is "limit". Streamed: `data: {"content":
 piece, "stop": false, ...}` events, then that final object with `"content": ""` (no `[DONE]`, as
 llama.cpp); an error after the first byte is one `data: {"error": ...}` event.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
@@ -64,6 +69,8 @@ class InfillRequest(SamplingRequest):
     repeat_penalty: float | None = Field(None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])
     logit_bias: dict[str, float] | list[list[int | float | bool]] | None = None  # type: ignore[assignment]
     n_probs: int | None = None
+    t_max_predict_ms: int | None = Field(None, ge=0)  # 0: no limit
+    n_indent: int | None = Field(None, ge=0)  # 0: no limit
 
     prompt_param: ClassVar[str] = "input_prefix"
 
@@ -141,15 +148,69 @@ async def _infill(request: Request, state: ServerState) -> Response:
     text = TextStream(prompt.tokenizer, req.stop_strings())
     gen = Generation(async_engine, EngineRequest(new_request_id(False), prompt_ids, params), text,
                      state.metrics, ENDPOINT)
+    limits = Limits(req.t_max_predict_ms or 0, req.n_indent or 0)
     if req.stream:
-        return EventSourceResponse(_events(gen, model, truncated), sep="\n", ping=config.ping_seconds,
+        return EventSourceResponse(_events(gen, limits, model, truncated), sep="\n", ping=config.ping_seconds,
                                    ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
                                    client_close_handler_callable=lambda _: _abort(async_engine, gen))
     try:
-        content = "".join([piece async for piece in gen.pieces()])
+        content = "".join([piece async for piece in limited(gen, limits)])
     except Exception as exc:
         raise generation_error(exc) from None
-    return JSONResponse(_final(gen, content, model, truncated))
+    return JSONResponse(_final(gen, limits, content, model, truncated))
+
+
+class Limits:
+    """llama.cpp's t_max_predict_ms and n_indent, checked on the text as it is generated."""
+
+    def __init__(self, max_predict_ms: int, n_indent: int):
+        self.max_predict_ms = max_predict_ms
+        self.n_indent = n_indent
+        self.hit = False
+        self._text = ""
+        self._line_start = 0  # where the line after the last newline checked begins
+        self._started: float | None = None
+
+    def feed(self, piece: str) -> str:
+        """The part of `piece` to keep; sets `hit` when a limit ends the completion."""
+        if self._started is None:
+            self._started = time.monotonic()
+        begin = len(self._text)
+        self._text += piece
+        while self.n_indent:  # every line after a newline, as its indentation becomes known
+            if self._line_start and self._short_line():
+                return self._text[begin:]
+            newline = self._text.find("\n", self._line_start)
+            if newline < 0:
+                break
+            self._line_start = newline + 1
+        elapsed_ms = (time.monotonic() - self._started) * 1000
+        if self.max_predict_ms and elapsed_ms > self.max_predict_ms and "\n" in self._text:
+            self.hit = True
+        return piece
+
+    def _short_line(self) -> bool:
+        """llama.cpp's check: the line begun at _line_start has text after fewer than n_indent spaces or
+        tabs; the text is cut after that indentation."""
+        pos = self._line_start
+        while pos < len(self._text) and self._text[pos] in " \t":
+            pos += 1
+        if pos < len(self._text) and pos - self._line_start < self.n_indent:
+            self._text, self.hit = self._text[:pos], True
+            return True
+        return False
+
+
+async def limited(gen: Generation, limits: Limits) -> AsyncIterator[str]:
+    """The generation's pieces until a limit ends the text (then it is halted and drained)."""
+    async for piece in gen.pieces():
+        if limits.hit:
+            continue
+        kept = limits.feed(piece)
+        if kept:
+            yield kept
+        if limits.hit:
+            gen.halt()
 
 
 def _parts(fim: FimFormat, req: InfillRequest, max_chars: int) -> FimParts:
@@ -163,23 +224,24 @@ async def _abort(async_engine: Any, gen: Generation) -> None:
     async_engine.abort(gen.request_id)
 
 
-async def _events(gen: Generation, model: str, truncated: bool) -> AsyncIterator[str]:
+async def _events(gen: Generation, limits: Limits, model: str, truncated: bool) -> AsyncIterator[str]:
     try:
-        async for piece in gen.pieces():
+        async for piece in limited(gen, limits):
             yield _dumps({"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0,
                           "tokens_predicted": gen.completion_tokens, "tokens_evaluated": gen.prompt_tokens})
-        yield _dumps(_final(gen, "", model, truncated))
+        yield _dumps(_final(gen, limits, "", model, truncated))
     except Exception as exc:  # the stream has begun: report in-band
         yield _dumps(generation_error(exc).body())
     finally:
         gen.cancel()
 
 
-def _final(gen: Generation, content: str, model: str, truncated: bool) -> dict[str, Any]:
+def _final(gen: Generation, limits: Limits, content: str, model: str, truncated: bool) -> dict[str, Any]:
     stopping_word = gen.text.stop_string or ""
-    stop_type = "limit" if gen.finish_reason == "length" else "word" if stopping_word else "eos"
+    stop_type = "limit" if gen.finish_reason == "length" or limits.hit else "word" if stopping_word else "eos"
     body = final_body(content, model, gen.prompt_tokens, truncated, gen.timings())
-    return body | {"tokens_predicted": gen.completion_tokens, "stop_type": stop_type,
+    cached = gen.totals.cached_tokens if gen.totals is not None else 0
+    return body | {"tokens_predicted": gen.completion_tokens, "tokens_cached": cached, "stop_type": stop_type,
                    "stopping_word": stopping_word, "has_new_line": "\n" in content}
 
 

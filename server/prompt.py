@@ -68,7 +68,7 @@ class PromptBuilder:
         return plan_tools(self.tools, request) if isinstance(request, ChatCompletionRequest) else None
 
     def render_chat(self, messages: list[ChatMessage], plan: ToolPlan | None = None) -> str:
-        """The prompt text; with a tool plan, the tools rendered and the plan's prefill appended."""
+        """The prompt text; with a tool plan, the tools rendered."""
         tools = {"tools": plan.tools} if plan is not None else {}
         try:
             text = self.tokenizer.apply_chat_template(
@@ -77,7 +77,7 @@ class PromptBuilder:
             )
         except jinja2.TemplateError as exc:
             raise invalid_request(f"The chat template rejected the messages: {exc}", "messages") from None
-        return text + (plan.prefill if plan is not None else "")
+        return text
 
     def prompt_ids(self, request: SamplingRequest, plan: ToolPlan | None = None) -> list[int]:
         if isinstance(request, ChatCompletionRequest):
@@ -133,17 +133,23 @@ class PromptBuilder:
                 param, "context_length_exceeded")
 
     def max_tokens(self, request: SamplingRequest, prompt_len: int) -> int:
-        """The completion budget; a ContextLengthError becomes a 400 context_length_exceeded."""
+        """The completion budget: the requested one (or the default), cut to the room the prompt leaves
+        in the context, as llama.cpp's server and Ollama do (the reply then ends with finish_reason
+        "length" when the context is full). A prompt that leaves no room is a 400 context_length_exceeded."""
         requested, param = request.requested_max_tokens(), request.prompt_param
         if prompt_len == 0:
             raise invalid_request("The prompt is empty after tokenization.", param)
-        if requested is None:  # the default, cut to the room left (at least 1, so a full prompt is refused)
-            requested = min(self.default_max_tokens, max(1, self.max_context - prompt_len))
+        if prompt_len >= self.max_context:
+            raise invalid_request(
+                f"This model's maximum context length is {self.max_context} tokens, and the prompt alone has "
+                f"{prompt_len} tokens, which leaves no room for the completion. Please shorten the prompt.",
+                param, "context_length_exceeded")
+        budget = min(self.default_max_tokens if requested is None else requested, self.max_context - prompt_len)
         try:
-            self._validate(prompt_len, requested)
+            self._validate(prompt_len, budget)
         except ContextLengthError as exc:
             raise context_length_error(exc, param) from None
-        return requested
+        return budget
 
 
 def longest_token_chars(tokenizer: Any) -> int:

@@ -1,8 +1,8 @@
-"""The `specexec` command: generate, serve, bench, build-default.
+"""The `specexec` command: generate, serve, plan, bench, build-default.
 
 Parsing needs no torch: `specexec --help`, `specexec serve --help` and a mistyped flag answer before
-any model library is imported. `bench` and `build-default` are programs of their own (bench/,
-builder/); their modules are imported only when named.
+any model library is imported. `plan`, `bench` and `build-default` are programs of their own
+(engine/plan_cli.py, bench/, builder/); their modules are imported only when named.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from server.serve import add_server_arguments
 PROGRAMS = {  # `specexec NAME`: module (with add_arguments and run), description
     "bench": ("bench.decode", "benchmark autoregressive vs SpecInfer vs SpecExec (more: `specexec bench NAME --help`)"),
     "build-default": ("builder.build_default", "train the built-in default model pair"),
+    "plan": ("engine.plan_cli", "device memory plan of a pair for a GPU size, without the GPU or the weights"),
 }
 BENCH_TOOLS = {  # `specexec bench NAME`: module, description
     "offload": ("bench.offload", "pass time resident vs streamed (ram, disk) and GB/s"),
     "quant": ("bench.quant", "bytes per pass and pass time: fp32 vs fp16 vs GPTQ 4-bit"),
+    "load": ("bench.load_memory", "peak host memory (RSS) while loading an offloaded target"),
     "structured": ("bench.structured", "tokens per pass and step overhead with and without a JSON schema"),
     "scoring": ("bench.scoring", "SpecExec trees' expected tokens per pass by draft scoring temperature"),
     "serve": ("bench.serve", "concurrent streams through the HTTP server: tok/s, TTFT, tokens per pass"),

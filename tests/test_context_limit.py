@@ -68,6 +68,7 @@ def test_the_flag_and_the_file_field_set_the_override(pair):
         engine_config_from({"limits": {"allow_long_context": "yes"}})
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_with_one_line_naming_the_field(pair):
     args = [sys.executable, "-m", "specexec", "generate", "--target", pair[0], "--draft", pair[1], "--prompt", "x",
             "--max-tokens", "4", "--max-context", str(TRAINED * 2)]

@@ -120,6 +120,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specexec", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_generate_prints_only_the_completion(pair):
     target, draft = pair
     engine = load(pair, budget=8)
@@ -133,6 +134,7 @@ def test_cli_generate_prints_only_the_completion(pair):
     assert "tokens_per_pass=" in out.stderr and "target_passes=" in out.stderr
 
 
+@pytest.mark.slow
 def test_cli_generate_into_a_closed_pipe_exits_quietly(pair):
     target, draft = pair
     args = [sys.executable, "-m", "specexec", "generate", "--target", target, "--draft", draft, "--prompt", "x",

@@ -50,8 +50,16 @@ def read_config(path: str) -> dict:
     return config
 
 
-def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
-    """Load weights on `device` (host by default: the offload planner moves what is resident)."""
+def load_model(
+    path: str,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    gptq_kernel: str = "dequantize",
+    compute_device: torch.device | None = None,
+) -> nn.Module:
+    """Load weights on `device` (host by default: the offload planner moves what is resident).
+    A GPTQ checkpoint's layers run on `gptq_kernel` (gptq.select_kernel) for `compute_device`
+    (default: `device`)."""
     config = read_config(path)
     quantized = gptq.quant_method(config) is not None
     verbosity = hf_logging.get_verbosity()
@@ -70,6 +78,7 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu"
         hf_logging.enable_progress_bar()
     if quantized:
         gptq.make_streamable(model)  # packed buffers only: resident and streamed layers run the same
+        gptq.select_kernel(model, gptq_kernel, torch.device(compute_device or device))
     return model.to(device).eval().requires_grad_(False)
 
 

@@ -13,6 +13,10 @@ constant bytes) stay on the device. Kernels that repack their buffers on first u
 default, TorchAtenLinear, rewrites qweight into a new shape and keeps `scales_and_zeros` as a plain
 attribute) cannot stream and are not selected; on CPU that choice costs speed (docs/bench/quant.md).
 
+Kernels (`select_kernel`, model.gptq_kernel): the int4 kernel (engine.model.gptq_int4: torch's int4
+matmul, after a one-time repack into registered buffers that stream) where it applies, else this
+dequantize kernel, chosen explicitly and logged.
+
 A v1 ("gptq" format) checkpoint stores every packed zero point minus one; gptqmodel adds the one
 back on load (its v2 format). The disk source streams file bytes, so `disk_fixups` gives it the same
 addition to redo on each read (qzeros are 1/group_size of qweight, ~3 MB per Llama-2-70B layer).
@@ -25,13 +29,16 @@ layer), the g_idx move to the host, and the per-module torch.compile of the dequ
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
 from functools import partial
 
 import torch
 from torch import nn
 
-from engine.types import CheckpointError
+from engine.types import CheckpointError, ConfigError
+
+log = logging.getLogger("specexec.engine")
 
 SUPPORTED_METHODS = ("gptq",)
 GPTQ_MODULES = ("optimum", "gptqmodel")  # transformers' GPTQ path needs both
@@ -134,6 +141,42 @@ def make_streamable(model: nn.Module) -> None:
                 f"decoder layer {idx} keeps tensors outside its parameters and buffers "
                 f"({', '.join(stray)}): the layer streamer cannot move them"
             )
+
+
+def int4_refusals(model: nn.Module, compute_device: torch.device) -> list[str]:
+    """Why the int4 kernel cannot run `model`'s quantized layers on `compute_device` (empty: it can)."""
+    from engine.model import gptq_int4
+
+    reasons = []
+    for idx, layer in enumerate(model.model.layers):
+        for name, sub in quantized_modules(layer).items():
+            why = gptq_int4.applies(sub, compute_device)
+            if why is not None:
+                reasons.append(f"decoder layer {idx} {name}: {why}")
+    return reasons
+
+
+def select_kernel(model: nn.Module, requested: str, compute_device: torch.device) -> str:
+    """Run `model`'s quantized layers (made streamable) on the int4 kernel or keep the dequantize one;
+    returns the kernel chosen. requested: int4 (ConfigError where it cannot run), dequantize, or auto
+    (int4 where it can run on CPU)."""
+    from engine.model import gptq_int4
+
+    if requested == "dequantize":
+        return "dequantize"
+    reasons = []
+    if requested == "auto" and compute_device.type != "cpu":
+        reasons.append("auto picks int4 on CPU only (the CUDA kernel is not yet checked on a GPU; --gptq-kernel int4)")
+    reasons += int4_refusals(model, compute_device)
+    if reasons and requested == "int4":
+        raise ConfigError("model.gptq_kernel", f"the int4 kernel cannot run this checkpoint: {'; '.join(reasons[:3])}; "
+                          "use --gptq-kernel dequantize (or auto)")
+    if reasons:
+        log.info("GPTQ layers use the dequantize kernel: %s", reasons[0])
+        return "dequantize"
+    layers = list(model.model.layers)
+    gptq_int4.replace_with_int4(layers, [quantized_modules(layer) for layer in layers], compute_device)
+    return "int4"
 
 
 def _keep_g_idx() -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from engine.config import EngineConfig, SpeculationConfig
-from engine.model import memory_plan
+from engine.model import gptq, memory_plan
+from engine.model.config_shapes import DEQUANT_BYTES_PER_WEIGHT
 from engine.model.runner import DecoderRunner
 from engine.offload.ram_store import host_memory_available
 from engine.offload.ring import LayerStreamer
@@ -48,12 +49,23 @@ def plan_inputs(
         budget=budget,
         max_depth=spec.max_depth,
         max_expand=spec.max_expand,
-        extension_budget=spec.extension_budget(budget) if draft is not None else 0,
         prefill_chunk=prefill_chunk,
         streamed=bool(ring),
         logits_processing_bytes=logits_processing_bytes,
         reserve_bytes=memory_plan.CUDA_RESERVE_BYTES if target.device.type == "cuda" else 0,
+        dequant_scratch_bytes=max(dequant_scratch_bytes(target), dequant_scratch_bytes(draft)),
     )
+
+
+def dequant_scratch_bytes(runner: DecoderRunner | None) -> int:
+    """Device bytes gptqmodel's dequantize kernel makes on each call of the runner's largest quantized
+    matrix: an int8 unpack and three [in, out] fp16 temporaries (DEQUANT_BYTES_PER_WEIGHT per weight;
+    gptqmodel 7.6's torch path). 0 for unquantized layers and the int4 kernel, which makes none."""
+    if runner is None:
+        return 0
+    largest = max((sub.in_features * sub.out_features for layer in runner.hf_layers
+                   for sub in gptq.quantized_modules(layer).values()), default=0)
+    return largest * DEQUANT_BYTES_PER_WEIGHT
 
 
 def weights_do_not_fit(config: EngineConfig, message: str) -> ConfigError:

@@ -5,7 +5,8 @@
 
 Items already on the device when the plan is checked (weights, the offload ring) are measured; the
 KV caches are allocated right after the check; workspaces are the largest transient tensors of a
-step and of prefill. The attention estimate assumes the tree pass never materialises
+step and of prefill (and, for GPTQ layers on the dequantize kernel, the dense matrix and temporaries
+it makes on every call). The attention estimate assumes the tree pass never materialises
 [heads, n, context] scores (an arbitrary-mask kernel, not the math fallback).
 """
 
@@ -58,7 +59,7 @@ class PlanInputs:
     reserve_bytes: int = 0  # kept free for kernels and the allocator
     max_running: int = 1  # trees per target pass (their roots add to the budget's nodes)
     kv_slots: int = 1  # target + draft KV cache pairs: running requests plus prefix cache
-    extension_budget: int = 0  # overlap: nodes a tree may grow to during its pass (0: no overlap)
+    dequant_scratch_bytes: int = 0  # GPTQ dequantize kernel: its largest matrix's temporaries per call
 
 
 @dataclass(frozen=True)
@@ -95,16 +96,12 @@ def gb(nbytes: int) -> str:
     return f"{nbytes / GB:.2f} GB" if nbytes >= GB // 100 else f"{nbytes / 10**6:.2f} MB"
 
 
-def cache_capacities(
-    max_context: int, budget: int, max_depth: int, max_expand: int, extension_budget: int = 0
-) -> tuple[int, int]:
+def cache_capacities(max_context: int, budget: int, max_depth: int, max_expand: int) -> tuple[int, int]:
     """KV slots of the target and draft caches: the context plus the largest tree (target), plus one
-    slot per node the draft may expand in a step (draft); with overlap (extension_budget > 0) also a
-    seeded tree's expanded nodes and the forwards of the extension during the pass."""
+    slot per node the draft may expand in a step (draft). With overlap, a seed and the growth during the
+    pass share the draft's room: growth stops where the cache is full (Drafter.room)."""
     target = max_context + budget + 1
     draft = max_context + max_depth * min(max_expand, budget + 1) + 2
-    if extension_budget:
-        draft += budget + 1 + max_depth * min(max_expand, extension_budget + 1)
     return target, draft
 
 
@@ -129,7 +126,7 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     """Every device allocation of a served pair at `max_context` and `budget`, by name."""
     target, draft = inputs.target, inputs.draft
     target_capacity, draft_capacity = cache_capacities(
-        inputs.max_context, inputs.budget, inputs.max_depth, inputs.max_expand, inputs.extension_budget
+        inputs.max_context, inputs.budget, inputs.max_depth, inputs.max_expand
     )
     nodes = inputs.budget + inputs.max_running  # tree nodes scored by one target pass, every root included
     chunk = min(inputs.prefill_chunk, inputs.max_context)
@@ -152,6 +149,8 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
             PlanItem("draft masks", mask_bytes(draft, max(rows, chunk), draft_capacity), False),
             PlanItem("draft activations", activation_bytes(draft, max(rows, chunk)), False),
         ]
+    if inputs.dequant_scratch_bytes:
+        items.append(PlanItem("GPTQ dequantization scratch", inputs.dequant_scratch_bytes, False))
     if inputs.reserve_bytes:
         items.append(PlanItem("kernel and allocator reserve", inputs.reserve_bytes, False))
     return MemoryPlan(tuple(items))

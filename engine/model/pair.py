@@ -1,23 +1,28 @@
 """Loading a target/draft pair: checkpoints, dtype, device, the context limit, offloading.
 
 The target's context limit is checked before any weights load; the draft must share the target's
-token ids (checked on the tokenizers).
+token ids (checked on the tokenizers). Embedding sizes may differ past the tokenizer (padding): ids
+the target can emit but the draft cannot embed are fed to the draft as one fixed id it can.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from engine.config import EngineConfig, LimitsConfig
-from engine.model import checkpoint
+from engine.model import checkpoint, gptq, host_plan
 from engine.model.runner import DecoderRunner
 from engine.offload.build import build_offloaded_runner
+from engine.offload.loader import load_offloaded_target
 from engine.types import CheckpointError, ConfigError
 
 DEFAULT_MAX_CONTEXT = 8192
+
+log = logging.getLogger("specexec.engine")
 
 
 @dataclass
@@ -49,13 +54,51 @@ def load_pair(config: EngineConfig) -> LoadedPair:
             raise CheckpointError(f"method {config.speculation.method} needs a draft model (--draft)")
         checkpoint.read_config(model_cfg.draft)
         checkpoint.check_vocab(model_cfg.target, tokenizer, model_cfg.draft, checkpoint.load_tokenizer(model_cfg.draft))
-    target_model = checkpoint.load_model(model_cfg.target, dtype)
-    target = build_target_runner(target_model, config, device)
+    streaming = check_host_memory(config, device, dtype, target_config, needs_draft)  # before any weights load
+    if streaming:
+        target_model, streamer = load_offloaded_target(config, dtype, device)
+        target = DecoderRunner(target_model, streamer)
+    else:
+        kernel = target_gptq_kernel(config, target_config)
+        target_model = checkpoint.load_model(model_cfg.target, dtype, gptq_kernel=kernel, compute_device=device)
+        target = build_target_runner(target_model, config, device)
     draft = None
     if needs_draft:
-        draft = DecoderRunner(checkpoint.load_model(model_cfg.draft, dtype, device))
+        draft = DecoderRunner(checkpoint.load_model(model_cfg.draft, dtype, device, model_cfg.gptq_kernel))
+        match_embeddings(target, draft, tokenizer)
     eos = checkpoint.eos_token_ids(target_model, tokenizer)
     return LoadedPair(target, draft, tokenizer, eos, limit)
+
+
+def check_host_memory(
+    config: EngineConfig, device: torch.device, dtype: torch.dtype, target_config: dict, needs_draft: bool
+) -> bool:
+    """Check the load's host memory from the checkpoints' headers (host_plan), before any weights load.
+    Returns whether the target streams tensor by tensor into its store (an offloaded plain safetensors
+    checkpoint; GPTQ checkpoints load through transformers)."""
+    model_cfg = config.model
+    try:
+        target = host_plan.checkpoint_bytes(model_cfg.target, dtype)
+        draft = host_plan.checkpoint_bytes(model_cfg.draft, dtype).total if needs_draft else 0
+    except FileNotFoundError as exc:  # no *.safetensors: transformers loads other formats, unchecked
+        log.warning("host memory not checked before loading: %s", exc)
+        return False
+    streaming = config.offload.enabled and gptq.quant_method(target_config) is None
+    need = host_plan.check_host_memory_before_loading(config, device.type == "cpu", target, draft, streaming)
+    log.info("host memory for loading: %.2f GB (checked before loading)", need / host_plan.GB)
+    return streaming
+
+
+def target_gptq_kernel(config: EngineConfig, target_config: dict) -> str:
+    """The GPTQ kernel asked for the target: the disk source streams the checkpoint's own packing, which
+    only the dequantize kernel reads (gptq_int4's module doc)."""
+    kernel = config.model.gptq_kernel
+    if not (config.offload.enabled and config.offload.source == "disk" and gptq.quant_method(target_config)):
+        return kernel
+    if kernel == "int4":
+        raise ConfigError("model.gptq_kernel", "a GPTQ target streamed from disk runs on the dequantize kernel only "
+                          "(the int4 kernel needs its own packing, made at load: --offload-source ram)")
+    return "dequantize"
 
 
 def trained_positions(target_config: dict) -> int | None:
@@ -90,3 +133,26 @@ def build_target_runner(model: torch.nn.Module, config: EngineConfig, device: to
     if not config.offload.enabled:
         return DecoderRunner(model.to(device))
     return build_offloaded_runner(model, config, device)
+
+
+def fallback_input_id(draft: DecoderRunner, tokenizer: PreTrainedTokenizerBase | None) -> int:
+    """The id a draft is fed for target ids past its embedding: its pad token (else the tokenizer's
+    pad, unk or eos token), if the draft embeds it; else 0."""
+    candidates = [getattr(draft.config, "pad_token_id", None)]
+    if tokenizer is not None:
+        candidates += [tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.eos_token_id]
+    for token_id in candidates:
+        if isinstance(token_id, int) and 0 <= token_id < draft.num_embeddings:
+            return token_id
+    return 0
+
+
+def match_embeddings(target: DecoderRunner, draft: DecoderRunner, tokenizer: PreTrainedTokenizerBase | None) -> None:
+    """Compare the embedding sizes: a target that can emit ids past the draft's embedding (Qwen2.5-72B:
+    152064 rows, Qwen2.5-1.5B: 151936) gets its draft a fallback input id for them."""
+    if target.vocab_size <= draft.num_embeddings:
+        return
+    draft.fallback_input_id = fallback_input_id(draft, tokenizer)
+    log.info("the target's vocabulary (%d ids) is larger than the draft's embedding (%d rows): the draft is "
+             "fed id %d for the ids past it and never drafts them", target.vocab_size, draft.num_embeddings,
+             draft.fallback_input_id)

@@ -117,7 +117,11 @@ class DecoderRunner:
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.vocab_size = cfg.vocab_size
+        self.vocab_size = cfg.vocab_size  # logits per row
+        self.num_embeddings = self.embed_tokens.num_embeddings  # input ids this model can embed
+        # an id in [num_embeddings, vocab of the ids fed in) is embedded as this one (a draft whose
+        # embedding is smaller than the target's padded vocabulary); None: every fed id is embeddable
+        self.fallback_input_id: int | None = None
         self.windows = [self._window_of(layer) for layer in self.hf_layers]  # per layer, None = full
         self.attention_backends: list[SDPBackend] | None = None  # None: by device; a GPU check may pin one
 
@@ -177,7 +181,7 @@ class DecoderRunner:
         segment sees what earlier groups wrote at that layer (prefill chunks, then trees after them).
         Returns, per group and segment, [rows, vocab] float32 logits (None where no rows are asked)."""
         plans = [self._group_inputs(group) for group in groups]
-        hidden = [self.embed_tokens(torch.cat([s.input_ids for s in group]))[None] for group in groups]
+        hidden = [self.embed(torch.cat([s.input_ids for s in group]))[None] for group in groups]
         self.layers.begin_pass()
         with self._attention_kernels():
             for idx in range(self.layers.num_layers):
@@ -185,6 +189,14 @@ class DecoderRunner:
                     for g, plan in enumerate(plans):
                         hidden[g] = self._layer(layer, idx, hidden[g], plan)
         return [self._logits(group, plan, h) for group, plan, h in zip(groups, plans, hidden, strict=True)]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[n] ids -> [n, hidden]; with fallback_input_id, ids past the embedding are embedded as it
+        (on the device: no host sync, no out-of-range lookup)."""
+        if self.fallback_input_id is not None:
+            fallback = torch.full_like(input_ids, self.fallback_input_id)
+            input_ids = torch.where(input_ids < self.num_embeddings, input_ids, fallback)
+        return self.embed_tokens(input_ids)
 
     def _group_inputs(self, group: list[Segment]) -> GroupInputs:
         """Positions written to each cache; masks for segments with an explicit `allowed`."""

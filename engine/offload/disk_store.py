@@ -114,7 +114,8 @@ class DiskStore:
         self.fds = {path: os.open(path, os.O_RDONLY) for path in paths}
         self.direct_fds = {path: open_direct(path) for path in paths} if evict else {}
         converted = [p.src_nbytes for plan in self.plans.values() for p in plan if p.src_dtype != p.dst_dtype]
-        self.staging = torch.empty(max(converted, default=0), dtype=torch.uint8)  # dtype-converting reads
+        # dtype-converting reads go through this, READ_CHUNK bytes at a time
+        self.staging = torch.empty(min(max(converted, default=0), READ_CHUNK), dtype=torch.uint8)
         if evict:
             for fd in self.fds.values():
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -138,21 +139,34 @@ class DiskStore:
 
     def _read_pieces(self, idx: int, dst: torch.Tensor) -> None:
         for piece in self.plans[idx]:
-            fd = self.fds[piece.path]
-            target = dst[piece.dst_offset : piece.dst_offset + piece.dst_nbytes]
-            if piece.src_dtype == piece.dst_dtype:
-                read_span(fd, piece.path, target, piece.file_offset, piece.src_nbytes)
-            else:
-                raw = self.staging[: piece.src_nbytes]
-                read_span(fd, piece.path, raw, piece.file_offset, piece.src_nbytes)
-                target.view(piece.dst_dtype).copy_(raw.view(piece.src_dtype))
-            if self.evict:
-                os.posix_fadvise(fd, piece.file_offset, piece.src_nbytes, os.POSIX_FADV_DONTNEED)
+            read_piece(self.fds[piece.path], piece, dst, self.staging, self.evict)
 
     def close(self) -> None:
         for fd in [*self.fds.values(), *(fd for fd in self.direct_fds.values() if fd is not None)]:
             os.close(fd)
         self.fds, self.direct_fds = {}, {}
+
+
+def read_piece(fd: int, piece: ReadPiece, dst: torch.Tensor, staging: torch.Tensor, evict: bool) -> None:
+    """Read `piece` into `dst` (flat uint8, any device) at piece.dst_offset, converting its dtype.
+
+    Straight into `dst` when it is host memory and no conversion is needed; otherwise through
+    `staging` (flat uint8 host memory, any size >= the piece's source element), one chunk at a time."""
+    target = dst[piece.dst_offset : piece.dst_offset + piece.dst_nbytes]
+    if piece.src_dtype == piece.dst_dtype and dst.device.type == "cpu":
+        read_span(fd, piece.path, target, piece.file_offset, piece.src_nbytes)
+    else:
+        src_size, dst_size = piece.src_dtype.itemsize, piece.dst_dtype.itemsize
+        chunk = staging.numel() // src_size * src_size  # whole source elements per read
+        assert chunk > 0, "staging must hold one element"
+        for begin in range(0, piece.src_nbytes, chunk):
+            end = min(begin + chunk, piece.src_nbytes)
+            raw = staging[: end - begin]
+            read_span(fd, piece.path, raw, piece.file_offset + begin, end - begin)
+            out = target[begin // src_size * dst_size : end // src_size * dst_size]
+            out.view(piece.dst_dtype).copy_(raw.view(piece.src_dtype))
+    if evict:
+        os.posix_fadvise(fd, piece.file_offset, piece.src_nbytes, os.POSIX_FADV_DONTNEED)
 
 
 def open_direct(path: str) -> int | None:

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from engine.offload.device import empty_host, unpin_host
+from engine.offload.host_memory import host_memory_available
 from engine.offload.layout import LayerBinding, LayerLayout, layer_tensors, views
 from engine.types import OffloadError
-
-
-def host_memory_available() -> int:
-    """Bytes the host can still allocate (MemAvailable on Linux: free memory plus reclaimable cache)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def file_mapped_ranges() -> list[tuple[int, int]]:
@@ -56,7 +45,14 @@ class RamStore:
 
     source = "ram"
 
-    def __init__(self, modules: dict[int, nn.Module], layouts: dict[int, LayerLayout]):
+    def __init__(
+        self,
+        modules: dict[int, nn.Module],
+        layouts: dict[int, LayerLayout],
+        fill: Callable[[int, torch.Tensor], None] | None = None,
+    ):
+        """`fill(idx, buffer)` writes layer idx into its buffer (a streaming load from the checkpoint,
+        the modules' tensors then only give shapes); without it the modules' tensors are copied."""
         self.layouts = layouts
         self.buffers: dict[int, torch.Tensor] = {}  # layer idx -> [layout.nbytes] uint8
         self.rest: dict[int, list[torch.Tensor]] = {}
@@ -70,8 +66,11 @@ class RamStore:
                     f"({host_memory_available():,} available): {exc}"
                 ) from exc
             host_views = views(buffer, layout)
-            for view, tensor in zip(host_views, layer_tensors(module).values(), strict=True):
-                view.copy_(tensor)
+            if fill is not None:
+                fill(idx, buffer)
+            else:
+                for view, tensor in zip(host_views, layer_tensors(module).values(), strict=True):
+                    view.copy_(tensor)
             LayerBinding(module, layout).bind(host_views)
             self.buffers[idx] = buffer
             self.rest[idx] = host_views

@@ -121,10 +121,12 @@ def score_trees(
         growths = [(items[index].ctx.drafter.runner,
                     extension_growth(items[index].ctx, items[index].seq, trees[index], background.done))  # type: ignore[arg-type]
                    for index in extendable]
-        with side.run():  # type: ignore[union-attr]
-            outcomes = run_growths(growths)
-        seconds = time.perf_counter() - begin
-        outputs = background.result()
+        try:
+            with side.run():  # type: ignore[union-attr]
+                outcomes = run_growths(growths)
+        finally:
+            seconds = time.perf_counter() - begin
+            outputs = background.result()  # the pass has ended before the step goes on, or raises
         for index, outcome in zip(extendable, outcomes, strict=True):
             grown[index] = None if isinstance(outcome, Exception) else outcome  # only a proposal: drop it
     else:

@@ -43,13 +43,18 @@ class GrowLimits:
 
 
 class Drafter:
-    """The draft model with its cache, restricted to the target's vocabulary."""
+    """The draft model with its cache, restricted to the target's vocabulary and its own embedding.
+
+    It drafts only ids below both (an id past its embedding could not be fed back to it). Ids the
+    target emits past the draft's embedding (a target vocabulary padded further than the draft's)
+    are fed to the draft as its runner's fallback_input_id: the draft only proposes, so exactness
+    does not depend on what it sees."""
 
     def __init__(self, runner: DecoderRunner, cache: KVCache, target_vocab_size: int):
         self.runner = runner
         self.cache = cache
-        self.vocab_limit = min(target_vocab_size, runner.vocab_size)
-        # [draft vocab] bool: ids past the target's vocabulary (a padded draft), never drafted
+        self.vocab_limit = min(target_vocab_size, runner.vocab_size, runner.num_embeddings)
+        # [draft vocab] bool: ids past the target's vocabulary or the draft's embedding, never drafted
         self.outside_target = torch.arange(runner.vocab_size, device=cache.device) >= self.vocab_limit
         self.next_slot = 0
 
@@ -85,7 +90,7 @@ class Drafter:
         return self.cache.capacity - self.next_slot
 
     def mask_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """[k, draft vocab] -> the same with ids past the target's vocabulary at -inf. Out of place:
+        """[k, draft vocab] -> the same with ids past vocab_limit at -inf. Out of place:
         the runner's logits are inference tensors."""
         if logits.shape[1] > self.vocab_limit:
             return logits.masked_fill(self.outside_target[: logits.shape[1]], float("-inf"))

@@ -1,7 +1,8 @@
 """Structured output: a grammar compiled against the tokenizer (xgrammar) decides which tokens each
 tree node may take.
 
-`GrammarCache` compiles `StructuredOutput` specs, once per spec (LRU), for one tokenizer and vocabulary.
+`GrammarCache` compiles `StructuredOutput` specs, once per spec (LRU), for one tokenizer and vocabulary
+(one xgrammar compiler per set of special tokens a spec lets through; usually one).
 `GrammarState` is one request's matcher. Its state is the grammar after every committed token (the
 tree's root is the last committed token, so the root's mask is the matcher's own). `bitmask` walks
 the paths of a tree's nodes with accept/rollback and returns to that state; `accept` advances it
@@ -37,7 +38,8 @@ _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # xgrammar's "[hh:mm:ss] fi
 
 
 def compile_error(spec: StructuredOutput, exc: Exception) -> StructuredOutputError:
-    what = {"json_object": "JSON grammar", "json_schema": "JSON schema", "regex": "regex"}[spec.kind]
+    what = {"json_object": "JSON grammar", "json_schema": "JSON schema", "regex": "regex",
+            "structural_tag": "structural tag"}[spec.kind]
     first = _LOG_PREFIX.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
     return StructuredOutputError(f"the {what} cannot be compiled: {first}")
 
@@ -53,7 +55,7 @@ class GrammarCache:
         self.stop_token_ids = sorted(stop_token_ids)  # end the grammar (EOS); empty: the tokenizer's EOS
         self.max_entries = max_entries
         self._entries: OrderedDict[StructuredOutput, xgrammar.CompiledGrammar] = OrderedDict()
-        self._compiler: xgrammar.GrammarCompiler | None = None
+        self._compilers: dict[tuple[str, ...], xgrammar.GrammarCompiler] = {}  # by the special tokens kept
         self._lock = threading.Lock()
 
     def compile(self, spec: StructuredOutput) -> xgrammar.CompiledGrammar:
@@ -63,7 +65,7 @@ class GrammarCache:
             if compiled is not None:
                 self._entries.move_to_end(spec)
                 return compiled
-            compiler = self._get_compiler()
+            compiler = self._get_compiler(spec.special_tokens)
         compiled = compile_spec(compiler, spec)  # outside the lock: a large schema takes a while
         with self._lock:
             self._entries[spec] = compiled
@@ -74,28 +76,34 @@ class GrammarCache:
     def new_state(self, spec: StructuredOutput, device: torch.device) -> GrammarState:
         return GrammarState(self.compile(spec), self.vocab_size, device)
 
-    def _get_compiler(self) -> xgrammar.GrammarCompiler:
+    def _get_compiler(self, kept: tuple[str, ...]) -> xgrammar.GrammarCompiler:
         """Made on first use, under the lock."""
-        if self._compiler is None:
+        key = tuple(sorted(set(kept)))
+        if key not in self._compilers:
             if self.tokenizer is None:
                 raise StructuredOutputError("structured output needs the model's tokenizer, and this model has none")
             import xgrammar
 
-            info = tokenizer_info(self.tokenizer, self.vocab_size, self.stop_token_ids)
-            self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)  # this class is the cache
-        return self._compiler
+            info = tokenizer_info(self.tokenizer, self.vocab_size, self.stop_token_ids, key)
+            self._compilers[key] = xgrammar.GrammarCompiler(info, cache_enabled=False)  # this class is the cache
+        return self._compilers[key]
 
 
-def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> xgrammar.TokenizerInfo:
+def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
+                   kept: Sequence[str] = ()) -> xgrammar.TokenizerInfo:
     """xgrammar's view of the vocabulary, with the tokenizer's special tokens (BOS, chat and FIM
     markers, ...) as xgrammar's special tokens: never allowed, where xgrammar alone would read
-    "<|im_start|>" as text a JSON string may contain. Stop tokens still end the grammar."""
+    "<|im_start|>" as text a JSON string may contain. Stop tokens still end the grammar. Special
+    tokens named in `kept` (by text) stay tokens of their text (xgrammar never allows a special
+    token, not even one a structural tag names by id)."""
     import xgrammar
 
     info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                    stop_token_ids=list(stop_token_ids) or None)
     added = getattr(tokenizer, "added_tokens_decoder", {})
     special = set(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
+    kept_ids = {added_id for added_id, token in added.items() if token.content in kept}
+    special -= kept_ids
     vocab = [b"" if i in special else text for i, text in enumerate(info.decoded_vocab)]  # b"": special
     return xgrammar.TokenizerInfo(vocab, xgrammar.VocabType.RAW, vocab_size=vocab_size,
                                   stop_token_ids=info.stop_token_ids, add_prefix_space=info.add_prefix_space)
@@ -103,7 +111,8 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int
 
 def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> xgrammar.CompiledGrammar:
     """json_object: any JSON object; json_schema: strict mode (no properties or items the schema does
-    not name, as OpenAI's strict schemas require; every such output is valid under the schema)."""
+    not name, as OpenAI's strict schemas require; every such output is valid under the schema);
+    structural_tag: as given (its JSON schemas say their own whitespace and strictness)."""
     json_format = {"any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
     try:
         if spec.kind == "json_object":
@@ -111,6 +120,8 @@ def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> 
         if spec.kind == "json_schema":
             json.loads(spec.spec)  # a clearer message than the compiler's for text that is not JSON
             return compiler.compile_json_schema(spec.spec, strict_mode=True, **json_format)
+        if spec.kind == "structural_tag":
+            return compiler.compile_structural_tag(spec.spec)
         return compiler.compile_regex(spec.spec)
     except (RuntimeError, ValueError) as exc:
         raise compile_error(spec, exc) from None

@@ -77,8 +77,9 @@ def extension(
     mask: MaskFn | None,
     stop: Callable[[], bool],
 ) -> Growth:
-    """The step's SpecExec tree grown on, best-first, within `limits` (EXTENSION_FACTOR x the step's
-    budget, SpeculationConfig.extension_budget), until `stop()` (the pass is done). Works on a copy: the scored tree is left as it is."""
+    """The step's SpecExec tree grown on, best-first, within `limits` (SpeculationConfig.extension_budget
+    nodes) and the draft cache's room, until `stop()` (the pass is done). Works on a copy: the scored
+    tree is left as it is."""
     grown = reoffer(dataclasses.replace(tree, draft_slots=tree.draft_slots.clone(), allowed=None), spec, limits)
     expand = scored_expand(drafter, params, spec)
     return best_first_search(grown, grown.draft_slots >= 0, expand, spec, limits, drafter.room, mask,

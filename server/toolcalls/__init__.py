@@ -2,5 +2,6 @@
 
 detect.py (what the model's template and tokenizer allow), parsers.py (the formats),
 json_scan.py + stream.py (the incremental reader), output.py (OpenAI shapes), render.py
-(messages and tools for templates), plan.py (one request: tool_choice, prefill, limits).
+(messages and tools for templates), grammar.py (the calls' grammar),
+plan.py (one request: tool_choice, grammar, limits).
 """

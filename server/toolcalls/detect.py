@@ -41,6 +41,8 @@ class ToolSupport:
     format: ToolFormat | None  # None: tools are not rendered; tool_choice auto / none serve plain text
     reason: str  # why `format` is None (named by the 400 of tool_choice required / a named function)
     drop_ids: frozenset[int] | None  # detokenizing calls: special ids to drop (the format's markers kept)
+    grammar_tokens: tuple[str, ...] = ()  # the format's markers that are special tokens (the grammar writes them)
+    named_args: bool = False  # mistral: the tokenizer has [ARGS], so calls are `[TOOL_CALLS]f[ARGS]{...}`
 
     @classmethod
     def detect(cls, tokenizer: Any, chat_template: Any, tool_parser: str) -> ToolSupport:
@@ -55,7 +57,8 @@ class ToolSupport:
             return cls.off("no tool-call format was recognised in the model's chat template; "
                            "start the server with --tool-parser hermes, llama3_json or mistral")
         fmt = FORMATS[name]
-        return cls(fmt, "", marker_drop_ids(tokenizer, fmt))
+        return cls(fmt, "", marker_drop_ids(tokenizer, fmt), special_markers(tokenizer, fmt),
+                   fmt.name == "mistral" and "[ARGS]" in tokenizer.get_added_vocab())
 
     @classmethod
     def off(cls, reason: str) -> ToolSupport:
@@ -99,13 +102,23 @@ def detect_format(source: str, tokenizer: Any) -> str | None:
     return None
 
 
+def special_ids(tokenizer: Any) -> set[int]:
+    return {i for i, token in tokenizer.added_tokens_decoder.items() if token.special} | set(tokenizer.all_special_ids)
+
+
 def marker_drop_ids(tokenizer: Any, fmt: ToolFormat) -> frozenset[int] | None:
     """When a marker of `fmt` is a special token (which decoding would skip): the special ids to
     drop instead, every one but the markers. None when plain decoding keeps the markers."""
-    special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
-    special |= set(tokenizer.all_special_ids)
+    special = special_ids(tokenizer)
     added = tokenizer.get_added_vocab()
     markers = {added[token] for token in fmt.special_tokens if token in added}
     if not markers & special:
         return None
     return frozenset(special - markers)
+
+
+def special_markers(tokenizer: Any, fmt: ToolFormat) -> tuple[str, ...]:
+    """The markers the call grammar of `fmt` writes that are special tokens of the tokenizer, by text."""
+    special = special_ids(tokenizer)
+    added = tokenizer.get_added_vocab()
+    return tuple(token for token in fmt.grammar_markers if added.get(token) in special)

@@ -32,23 +32,20 @@ class Delta:
 
 
 class ToolOutput:
-    def __init__(self, fmt: ToolFormat, *, eager: bool, prefill: str = "", max_calls: int | None = None):
+    def __init__(self, fmt: ToolFormat, *, eager: bool, max_calls: int | None = None):
         self._reader = ToolCallReader(fmt, eager=eager)
         self._max_calls = max_calls
         self._ids: list[str] = []  # id of call i
-        self._pending = self._reader.feed(prefill)  # the prefill is the start of the model's output
 
     @property
     def num_calls(self) -> int:
         return len(self._ids)
 
     def feed(self, text: str) -> list[Delta]:
-        events, self._pending = self._pending + self._reader.feed(text), []
-        return self._deltas(events)
+        return self._deltas(self._reader.feed(text))
 
     def finish(self) -> list[Delta]:
-        events, self._pending = self._pending + self._reader.finish(), []
-        return self._deltas(events)
+        return self._deltas(self._reader.finish())
 
     def finish_reason(self, reason: str) -> str:
         return "tool_calls" if self.num_calls and reason == "stop" else reason

@@ -12,14 +12,11 @@ Each call inside a block is a JSON object `{"name": ..., "arguments": {...}}` (L
 - mistral (Mistral v0.3 / Mixtral 8x22B templates): `[TOOL_CALLS][{"name": "f", "arguments":
   {...}}, ...]`, or `[TOOL_CALLS]f[ARGS]{...}` / `[TOOL_CALLS]f{...}` (v11+ tokenizers).
 
-`prefill` is the text put after the generation prompt for `tool_choice` "required" (the
-opening of a block) or a named function (the opening up to its arguments): the model then
-continues a call, which is how a choice is enforced without constrained decoding.
+The grammar that makes the model write calls in these formats is server/toolcalls/grammar.py.
 """
 
 from __future__ import annotations
 
-import json
 from typing import ClassVar, Protocol
 
 
@@ -27,6 +24,7 @@ class ToolFormat(Protocol):
     name: ClassVar[str]
     markers: ClassVar[tuple[str, ...]]  # texts that open a block of calls
     special_tokens: ClassVar[tuple[str, ...]]  # marker tokens the detokenizer must not drop
+    grammar_markers: ClassVar[tuple[str, ...]]  # markers the call grammar writes (server/toolcalls/grammar.py)
     args_keys: ClassVar[tuple[str, ...]]  # object keys that hold the arguments
     bare_json: ClassVar[bool]  # a JSON object at the very start of the output opens a block
     array: ClassVar[bool]  # "[" after the marker opens a list of calls separated by ","
@@ -34,13 +32,12 @@ class ToolFormat(Protocol):
     end_marker: ClassVar[str]  # closes a block ("": none)
     separators: ClassVar[str]  # characters between two calls of one block
 
-    def prefill(self, function: str | None) -> str: ...
-
 
 class HermesFormat:
     name: ClassVar[str] = "hermes"
     markers: ClassVar[tuple[str, ...]] = ("<tool_call>",)
     special_tokens: ClassVar[tuple[str, ...]] = ("<tool_call>", "</tool_call>")
+    grammar_markers: ClassVar[tuple[str, ...]] = ("<tool_call>", "</tool_call>")
     args_keys: ClassVar[tuple[str, ...]] = ("arguments", "parameters")
     bare_json: ClassVar[bool] = False
     array: ClassVar[bool] = False
@@ -48,16 +45,12 @@ class HermesFormat:
     end_marker: ClassVar[str] = "</tool_call>"
     separators: ClassVar[str] = ""
 
-    def prefill(self, function: str | None) -> str:
-        if function is None:
-            return "<tool_call>\n"
-        return '<tool_call>\n{"name": ' + json.dumps(function, ensure_ascii=False) + ', "arguments":'
-
 
 class Llama3JsonFormat:
     name: ClassVar[str] = "llama3_json"
     markers: ClassVar[tuple[str, ...]] = ("<|python_tag|>",)
     special_tokens: ClassVar[tuple[str, ...]] = ("<|python_tag|>",)
+    grammar_markers: ClassVar[tuple[str, ...]] = ()  # calls are bare JSON
     args_keys: ClassVar[tuple[str, ...]] = ("parameters", "arguments")
     bare_json: ClassVar[bool] = True
     array: ClassVar[bool] = False
@@ -65,27 +58,18 @@ class Llama3JsonFormat:
     end_marker: ClassVar[str] = ""
     separators: ClassVar[str] = ";"
 
-    def prefill(self, function: str | None) -> str:
-        if function is None:
-            return '{"name":'
-        return '{"name": ' + json.dumps(function, ensure_ascii=False) + ', "parameters":'
-
 
 class MistralFormat:
     name: ClassVar[str] = "mistral"
     markers: ClassVar[tuple[str, ...]] = ("[TOOL_CALLS]",)
     special_tokens: ClassVar[tuple[str, ...]] = ("[TOOL_CALLS]", "[ARGS]")
+    grammar_markers: ClassVar[tuple[str, ...]] = ("[TOOL_CALLS]", "[ARGS]")
     args_keys: ClassVar[tuple[str, ...]] = ("arguments",)
     bare_json: ClassVar[bool] = False
     array: ClassVar[bool] = True
     named_args: ClassVar[bool] = True
     end_marker: ClassVar[str] = ""
     separators: ClassVar[str] = ""
-
-    def prefill(self, function: str | None) -> str:
-        if function is None:
-            return "[TOOL_CALLS]"
-        return '[TOOL_CALLS][{"name": ' + json.dumps(function, ensure_ascii=False) + ', "arguments":'
 
 
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat())}

@@ -1,12 +1,13 @@
-"""One chat request's tool handling: what to render, what to prefill, how to read the output.
+"""One chat request's tool handling: what to render, which grammar the output follows, how to read it.
 
 `plan_tools(support, request)`:
 - no tools, `tool_choice: "none"`, or a model whose template cannot render tools with
   `tool_choice` auto: None, plain text (tools are not rendered);
 - `tool_choice` "required" or a named function on such a model: a 400 naming `tool_choice`;
-- otherwise a `ToolPlan`: the tools rendered into the prompt, the format's prefill for
-  "required" / a named function, and at most one call for `parallel_tool_calls: false` or a
-  named function.
+- otherwise a `ToolPlan`: the tools rendered into the prompt, the grammar of the calls
+  (server/toolcalls/grammar.py; with "auto" it also takes the request's response_format for a
+  reply that is not a call), and at most one call for `parallel_tool_calls: false` or a named
+  function.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.errors import APIError, unsupported
+from engine.types import StructuredOutput
+from server.errors import APIError, invalid_request, unsupported
 from server.protocol import ChatCompletionRequest, NamedToolChoice
 from server.toolcalls.detect import ToolSupport
+from server.toolcalls.grammar import Format, text_format, tool_call_grammar
 from server.toolcalls.output import ToolOutput
 from server.toolcalls.parsers import ToolFormat
 from server.toolcalls.render import tool_schemas
@@ -26,13 +29,13 @@ from server.toolcalls.render import tool_schemas
 class ToolPlan:
     format: ToolFormat
     tools: list[dict[str, Any]]  # as the chat template reads them
-    prefill: str  # text after the generation prompt: the model continues it
+    grammar: StructuredOutput  # every call the output holds is valid under it
     max_calls: int | None
     drop_ids: frozenset[int] | None  # for the TextStream (server/detok.py)
 
     def output(self, eager: bool) -> ToolOutput:
         """A reader of one choice's output (eager: streamed)."""
-        return ToolOutput(self.format, eager=eager, prefill=self.prefill, max_calls=self.max_calls)
+        return ToolOutput(self.format, eager=eager, max_calls=self.max_calls)
 
 
 def plan_tools(support: ToolSupport, request: ChatCompletionRequest) -> ToolPlan | None:
@@ -46,13 +49,30 @@ def plan_tools(support: ToolSupport, request: ChatCompletionRequest) -> ToolPlan
         return None
     function = choice.function.name if isinstance(choice, NamedToolChoice) else None
     single = function is not None or request.parallel_tool_calls is False
+    callable_tools = [(tool.function.name, tool.function.parameters) for tool in request.tools
+                      if function is None or tool.function.name == function]
+    grammar = tool_call_grammar(support.format.name, callable_tools, forced=forced, single=single,
+                                text=None if forced else _reply_format(request),
+                                special_tokens=support.grammar_tokens, named_args=support.named_args)
     return ToolPlan(
         format=support.format,
         tools=tool_schemas(request.tools),
-        prefill=support.format.prefill(function) if forced else "",
+        grammar=grammar,
         max_calls=1 if single else None,
         drop_ids=support.drop_ids,
     )
+
+
+def _reply_format(request: ChatCompletionRequest) -> Format | None:
+    """The request's response_format (or guided_*) as the format of a reply that is not a call."""
+    reply = request.structured_output()
+    if reply is None:
+        return None
+    param, spec = reply
+    try:
+        return text_format(spec.kind, spec.spec)
+    except ValueError as exc:
+        raise invalid_request(f"Invalid '{param}': the JSON schema is not JSON ({exc}).", param, "invalid_value") from None
 
 
 def _cannot_force(choice: Any, reason: str) -> APIError:

@@ -15,8 +15,9 @@ A call is committed (its "start" event sent) when it is complete, or with `eager
 stream as they arrive. Non-streamed responses read with `eager=False`, so a call broken
 anywhere is content. A streamed call that breaks after it was committed (the JSON was
 well-formed up to its arguments) keeps the arguments sent so far and the text from the first
-bad character on is content; one cut off by max_tokens keeps incomplete arguments, as
-OpenAI's do with finish_reason "length".
+bad character on is content. Under the call grammar (server/toolcalls/grammar.py) a call never
+breaks; the output can only end inside one (max_tokens): a committed call then keeps incomplete
+arguments, as OpenAI's do with finish_reason "length", and an uncommitted one is dropped.
 """
 
 from __future__ import annotations
@@ -276,13 +277,8 @@ class ToolCallReader:
         return Outcome.LEAVE
 
     def _end_of_output(self) -> None:
+        """The output ended inside a block (cut off by max_tokens: under the call grammar a block
+        is always a call). A committed call keeps the arguments sent so far; an unfinished call not
+        yet sent, or a partly written end marker, is dropped: call markup never becomes content."""
         self._in_block = False
-        state = self._state
-        if state in (Block.CALL, Block.ARGS) and self._call.committed:
-            return  # cut off: the call keeps the arguments sent so far
-        if state is Block.AFTER_CALL or (state is Block.OPEN and self._after_separator):
-            return  # complete calls (a trailing separator or missing end marker is no loss)
-        if state is Block.END_MARKER:
-            self._text(self._partial)
-            return
-        self._text("".join(self._raw))  # an unfinished, uncommitted call: content
+        self._raw, self._partial = [], ""

@@ -18,14 +18,7 @@ from engine.types import (
     TokenDelta,
 )
 from tests.helpers.fake_engine import FakeEngine, collect, make_async_engine, request
-
-
-async def wait_for(predicate, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
+from tests.helpers.polling import async_wait_until
 
 
 def test_submit_streams_deltas_and_keeps_the_event_loop_responsive() -> None:
@@ -53,7 +46,7 @@ def test_submit_streams_deltas_and_keeps_the_event_loop_responsive() -> None:
         assert [len(d.token_ids) for d in deltas] == [3, 3, 3, 3]
         assert deltas[-1].finish_reason == FinishReason.LENGTH and deltas[-1].totals is not None
         assert released == [True] * 4
-        await wait_for(lambda: len(reports) == 1)
+        await async_wait_until(lambda: len(reports) == 1)
         assert reports[0].num_steps == 4 and not reports[0].aborted
         async_engine.stop()
 
@@ -111,7 +104,7 @@ def test_abort_running_request_within_one_step_and_waiting_at_once() -> None:
         rest = await collect(running)
         assert rest[-1].finish_reason == FinishReason.ABORT
         assert (await collect(waiting))[-1].finish_reason == FinishReason.ABORT
-        await wait_for(lambda: len(reports) == 2)
+        await async_wait_until(lambda: len(reports) == 2)
         by_id = {r.request_id: r for r in reports}
         assert by_id["run"].aborted and by_id["run"].abort_lag_steps is not None
         assert by_id["run"].abort_lag_steps <= 1
@@ -131,7 +124,7 @@ def test_aclose_aborts() -> None:
         stream = async_engine.submit(request("r", max_tokens=300))
         await stream.__anext__()
         await stream.aclose()
-        await wait_for(lambda: len(reports) == 1)
+        await async_wait_until(lambda: len(reports) == 1)
         assert reports[0].aborted and async_engine.num_running == 0
         async_engine.stop()
 
@@ -150,7 +143,7 @@ def test_request_failure_is_isolated_and_fault_takes_engine_down() -> None:
         engine.fail_with = EngineFault("device lost")
         with pytest.raises(EngineFault):
             await collect(async_engine.submit(request("fault")))
-        await wait_for(lambda: not async_engine.healthy)
+        await async_wait_until(lambda: not async_engine.healthy)
         with pytest.raises(EngineUnavailable):
             async_engine.submit(request("after"))
         async_engine.stop()

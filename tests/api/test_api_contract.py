@@ -22,7 +22,7 @@ PROPERTIES = sorted(name for name, value in vars(GenerationEngine).items() if is
 
 
 def test_the_contract_names_what_the_server_uses() -> None:
-    assert METHODS == ["abort_request", "add_request", "step", "validate_request", "validate_structured_output"]
+    assert METHODS == ["abort_request", "add_request", "close", "step", "validate_request", "validate_structured_output"]
     assert set(ATTRIBUTES) == {"tokenizer", "model_name", "max_context", "eos_token_ids", "max_running"}
     assert PROPERTIES == ["can_add"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from server.detok import REPLACEMENT_CHAR, Detokenizer, StopMatcher, TextStream
@@ -93,3 +94,33 @@ def test_text_stream_without_stop_returns_everything(tok) -> None:
     stream = TextStream(tok, ["never-there"])
     out = "".join(stream.feed(ids[i : i + 3]) for i in range(0, len(ids), 3)) + stream.finish()
     assert out == tok.decode(ids) and not stream.stopped and stream.num_tokens == len(ids)
+
+
+def test_logprobs_leave_out_the_special_tokens_the_text_leaves_out(fake_server) -> None:
+    """A special token inside the output (here <|pad|>) is not in the text, so it has no logprobs entry and
+    completions' text_offset stays each token's place in the text."""
+    from tests.helpers.fake_engine import FakeEngine
+
+    srv = fake_server(FakeEngine(script="ab<|pad|>cd<|end|>", tokens_per_step=2))
+    body = {"model": "fake-model", "max_tokens": 40, "temperature": 0}
+    chat = httpx.post(srv.url + "/v1/chat/completions", json={**body, "logprobs": True, "top_logprobs": 1,
+                                                               "messages": [{"role": "user", "content": "hi"}]}).json()
+    choice = chat["choices"][0]
+    assert choice["message"]["content"] == "abcd"
+    assert "".join(e["token"] for e in choice["logprobs"]["content"]) == "abcd"
+    completion = httpx.post(srv.url + "/v1/completions", json={**body, "prompt": "hi", "logprobs": 1}).json()
+    lp = completion["choices"][0]["logprobs"]
+    assert completion["choices"][0]["text"] == "abcd" and "".join(lp["tokens"]) == "abcd"
+    assert [completion["choices"][0]["text"][offset:] for offset in lp["text_offset"]][-1] == lp["tokens"][-1]
+
+
+def test_timings_of_an_answer_from_one_pass_and_a_cut_stop() -> None:
+    from engine.types import GenerationStats
+    from server.generation import timings
+
+    one_pass = GenerationStats(prompt_tokens=40, completion_tokens=5, target_passes=1, accepted_tokens=6,
+                               prefill_seconds=0.25, decode_seconds=0.0)
+    out = timings(one_pass, 40, 5)
+    assert out["predicted_ms"] == 250.0 and out["generation_tokens_per_second"] == 20.0  # the prompt's pass made them
+    assert out["draft_tokens_accepted"] == 5 and out["mean_draft_accepted_per_pass"] == 5.0
+    assert timings(GenerationStats(prefill_seconds=0.25), 40, 0)["predicted_ms"] == 0.0

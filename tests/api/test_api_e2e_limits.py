@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 import httpx
 import openai
 import pytest
+
+from tests.helpers.polling import WAIT_SECONDS
 
 pytestmark = pytest.mark.slow
 
@@ -88,9 +91,9 @@ def test_queue_bound_gives_429_and_the_others_complete(guarded_server) -> None:
             first = asyncio.create_task(running())
             await asyncio.wait_for(started.wait(), 60)
             second = asyncio.create_task(http.post("/v1/chat/completions", json=body))
-            for _ in range(600):
-                if queue_depth((await http.get("/metrics")).text) == 1:
-                    break
+            deadline = time.monotonic() + WAIT_SECONDS
+            while queue_depth((await http.get("/metrics")).text) != 1:
+                assert time.monotonic() < deadline, "the second request never queued"
                 await asyncio.sleep(0.02)
             extra = await asyncio.gather(*(http.post("/v1/chat/completions", json=body) for _ in range(3)))
             assert not first.done()

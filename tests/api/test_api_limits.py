@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -14,8 +13,6 @@ import pytest
 
 from tests.api.test_api_app import CHAT, PROMPT, assert_openai_error
 from tests.helpers.fake_engine import FakeEngine
-
-SLOW_SECONDS = 6.0  # one tokenization (or template rendering) in the tests that slow them down
 
 
 def test_body_over_the_cap_is_413_from_content_length(fake_server) -> None:
@@ -82,13 +79,13 @@ def test_health_answers_while_a_big_prompt_is_tokenized(fake_server, monkeypatch
                                                         chat: bool) -> None:
     engine = FakeEngine(max_context=10**7)
     srv = fake_server(engine)
-    started = threading.Event()
+    started, may_finish = threading.Event(), threading.Event()
     method = "apply_chat_template" if chat else "encode"
     real = getattr(engine.tokenizer, method)
 
     def slow(*args, **kwargs):  # stands for seconds of tokenizing / rendering a multi-megabyte prompt
         started.set()
-        time.sleep(SLOW_SECONDS)
+        assert may_finish.wait(60)  # ends only after /health answered (or the health request gave up)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(engine.tokenizer, method, slow)
@@ -98,8 +95,12 @@ def test_health_answers_while_a_big_prompt_is_tokenized(fake_server, monkeypatch
     path = "/v1/chat/completions" if chat else "/v1/completions"
     worker = threading.Thread(target=lambda: result.append(httpx.post(srv.url + path, json=body, timeout=60)))
     worker.start()
-    assert started.wait(30)
-    health = httpx.get(srv.url + "/health", timeout=SLOW_SECONDS / 2)  # a blocked loop answers only after it
-    assert health.status_code == 200
+    try:
+        assert started.wait(60)
+        # a loop blocked by the tokenizer could not answer before may_finish is set: the request times out
+        health = httpx.get(srv.url + "/health", timeout=30)
+        assert health.status_code == 200
+    finally:
+        may_finish.set()
     worker.join(60)
     assert result and result[0].status_code == 200, result

@@ -11,6 +11,7 @@ import pytest
 from engine.async_engine import MAX_RETRY_AFTER, AsyncEngine
 from engine.types import QueueFull, Request, SamplingParams
 from tests.helpers.fake_engine import FakeEngine
+from tests.helpers.polling import async_wait_until
 
 STEP = 5.0  # seconds of the fake clock per engine step
 STEPS = 4  # engine steps per request (3 tokens each): every request takes 20 s of fake time
@@ -48,8 +49,7 @@ def test_retry_after_covers_the_queued_work() -> None:
         async_engine = AsyncEngine(engine, max_queue=1, clock=clock)
         async_engine.start()
         first = [async_engine.submit(request("a")), async_engine.submit(request("b"))]  # running + waiting
-        while engine.steps_run == 0 and async_engine.num_running == 0:
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: engine.steps_run > 0 or async_engine.num_running > 0, "a running request")
         # no request has finished yet: the real wait is a's 20 s + b's 20 s of fake time
         assert await rejected_retry_after(async_engine) >= 2 * STEPS * STEP
         clock.gate.release(2 * STEPS)  # a and b run to the end: the mean request time is now 20 s
@@ -57,8 +57,7 @@ def test_retry_after_covers_the_queued_work() -> None:
             assert [d async for d in stream][-1].finish_reason is not None
         second = [async_engine.submit(request("c")), async_engine.submit(request("d"))]
         clock.gate.release(1)  # c has run one step (5 s): 15 s left, then d's 20 s
-        while clock.now < (2 * STEPS + 1) * STEP:
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: clock.now >= (2 * STEPS + 1) * STEP, "c's first step")
         remaining = (STEPS - 1) * STEP + STEPS * STEP
         assert remaining <= await rejected_retry_after(async_engine) <= MAX_RETRY_AFTER
         clock.gate.release(2 * STEPS)

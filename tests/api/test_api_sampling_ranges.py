@@ -4,8 +4,11 @@ would make the logits NaN or infinite is a 400 naming the field (the live tiny-m
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.api.conftest import ServerProcess
+
+pytestmark = pytest.mark.slow  # the live server (a `specexec serve` process)
 
 PROMPT = "def add(a, b):"
 

@@ -10,7 +10,6 @@ import asyncio
 import json
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from server.http_protocol import h11_protocol_with_header_timeout
 from server.shutdown import DrainingServer
 from tests.api.conftest import free_port, run_uvicorn
 from tests.helpers.fake_engine import FakeEngine
+from tests.helpers.polling import async_wait_until
 from tests.helpers.sse_helpers import parse_sse
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -79,13 +79,6 @@ async def read_stream(http: httpx.AsyncClient, path: str, body: dict[str, Any],
     return parse_sse(text)[0]
 
 
-async def wait_for(condition: Callable[[], bool], seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
-
-
 def error_then_done(data: list[str]) -> dict:
     assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
     error = json.loads(data[-2])["error"]
@@ -94,8 +87,15 @@ def error_then_done(data: list[str]) -> dict:
 
 
 def test_drain_lets_running_requests_finish_then_ends_the_rest(drainable) -> None:
-    srv = drainable(FakeEngine(step_seconds=0.1, max_context=100_000), shutdown_timeout=3.0)
-    short = {"model": "fake-model", "messages": MSGS, "max_tokens": 45}  # 15 steps: 1.5 s
+    """The running request is held in its second step until the server drains (so it is surely still
+    running then), and finishes in 0.15 s once let go: far inside the 5 s grace period."""
+    steps = threading.Semaphore(1)
+
+    def held() -> None:  # FakeEngine.before_step, in the worker thread
+        assert steps.acquire(timeout=60)
+
+    srv = drainable(FakeEngine(step_seconds=0.01, max_context=100_000, before_step=held), shutdown_timeout=5.0)
+    short = {"model": "fake-model", "messages": MSGS, "max_tokens": 45}  # 15 steps
     endless = {**short, "max_tokens": 50_000, "ignore_eos": True}
 
     async def main() -> tuple[list[str], list[str], httpx.Response]:
@@ -105,13 +105,14 @@ def test_drain_lets_running_requests_finish_then_ends_the_rest(drainable) -> Non
             await asyncio.wait_for(first.wait(), 30)
             cut = asyncio.create_task(read_stream(http, "/v1/chat/completions", endless))
             queued = asyncio.create_task(http.post("/v1/chat/completions", json=endless))
-            await wait_for(lambda: srv.state.async_engine.queue_depth == 2)
+            await async_wait_until(lambda: srv.state.async_engine.queue_depth == 2, "two waiting")
             srv.server.handle_exit(signal.SIGTERM, None)
-            await wait_for(lambda: srv.state.draining)
+            await async_wait_until(lambda: srv.state.draining, "draining")
             refused = await http.post("/v1/chat/completions", json=short)
             assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down"
             health = await http.get("/health")
             assert health.status_code == 503 and health.json() == {"status": "shutting_down"}
+            steps.release(1_000_000)  # every later step runs at once
             return await running, await cut, await queued
 
     finished, cut, queued = asyncio.run(main())
@@ -133,7 +134,7 @@ def test_second_signal_ends_the_grace_period(drainable) -> None:
             stream = asyncio.create_task(read_stream(http, "/v1/completions", endless, first))
             await asyncio.wait_for(first.wait(), 30)
             srv.server.handle_exit(signal.SIGINT, None)
-            await wait_for(lambda: srv.state.draining)
+            await async_wait_until(lambda: srv.state.draining, "draining")
             srv.server.handle_exit(signal.SIGINT, None)
             return await asyncio.wait_for(stream, 30)  # far less than the 600 s grace
 
@@ -197,7 +198,8 @@ def live_drain(server, sig: signal.Signals) -> tuple[list[list[str]], httpx.Resp
             await asyncio.wait_for(first.wait(), 60)
             streams += [asyncio.create_task(read_stream(http, "/v1/chat/completions", body)) for _ in range(2)]
             plain = asyncio.create_task(http.post("/v1/chat/completions", json=body))
-            await wait_for(lambda: "specexec_queue_depth 3.0" in httpx.get(f"{server.url}/metrics").text, 60)
+            await async_wait_until(lambda: "specexec_queue_depth 3.0" in httpx.get(f"{server.url}/metrics").text,
+                                   "three waiting")
             server.process.send_signal(sig)
             return await asyncio.gather(*streams), await plain
 

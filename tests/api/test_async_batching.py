@@ -10,6 +10,7 @@ import pytest
 
 from engine.types import FinishReason, QueueFull
 from tests.helpers.fake_engine import FakeEngine, collect, make_async_engine, request
+from tests.helpers.polling import async_wait_until
 
 
 def test_running_requests_share_every_step() -> None:
@@ -34,14 +35,19 @@ def test_a_short_request_joining_a_long_one_starts_at_the_next_step() -> None:
         long = async_engine.submit(request("long", 3000))
         first = await long.__anext__()
         assert first.token_ids
-        steps_before = engine.steps_run
+        steps_before = len(engine.step_log)
         short = async_engine.submit(request("short", 6))
         deltas = await collect(short)
         assert deltas[-1].finish_reason == FinishReason.LENGTH
-        # the long request ran at most 2 more steps before the short one finished its 2 steps
-        assert engine.steps_run - steps_before <= 2 * 2 + 2
         await long.aclose()
         async_engine.stop()
+        # counted in engine steps, not seconds: the short request's 2 steps (3 tokens each) were the two
+        # after the step in flight when it was submitted (+1 should the worker pass a step boundary
+        # between those two lines), back to back, each beside the long request
+        short_steps = [i for i, ids in enumerate(engine.step_log) if "short" in ids]
+        assert len(short_steps) == 2 and short_steps[1] == short_steps[0] + 1, engine.step_log
+        assert short_steps[0] <= steps_before + 2, (steps_before, short_steps)
+        assert all(engine.step_log[i] == ["long", "short"] for i in short_steps)
 
     asyncio.run(main())
 
@@ -70,8 +76,8 @@ def test_the_queue_bound_counts_what_cannot_start() -> None:
         engine = FakeEngine(max_running=2, step_seconds=0.05, max_context=100_000)
         async_engine, _ = make_async_engine(engine, max_queue=1)
         streams = [async_engine.submit(request(f"r{i}", 3000)) for i in range(3)]  # 2 run, 1 waits
-        await asyncio.sleep(0.2)
-        assert (async_engine.num_running, async_engine.queue_depth) == (2, 1)
+        await async_wait_until(lambda: (async_engine.num_running, async_engine.queue_depth) == (2, 1),
+                               "two running, one waiting")
         with pytest.raises(QueueFull):
             async_engine.submit(request("over", 3))
         for stream in streams:

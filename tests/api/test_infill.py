@@ -84,3 +84,38 @@ def test_infill_errors_are_openai_shaped(fake_server: Callable) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "input_extra[0].text"
     r = httpx.post(f"{fim.url}/infill", json=llama_vscode_body(n_probs=3), timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "n_probs"
+
+
+def test_n_indent_stops_before_a_line_indented_less(fake_server: Callable) -> None:
+    """llama.vscode's n_indent (the cursor's indentation): a generated line indented less ends the
+    completion after its indentation, as llama.cpp's server cuts it; stop_type "limit"."""
+    script = "x = 1\n    y = 2\n  z = 3\nw = 4<|fim_pad|>"
+    srv = fake_server(scripted_engine(qwen_tokenizer(), script, tokens_per_step=2))
+    for stream in (False, True):
+        body = llama_vscode_body(n_indent=4, temperature=0, n_predict=64, stream=stream)
+        if stream:
+            with httpx.stream("POST", f"{srv.url}/infill", json=body, timeout=30) as r:
+                events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+            content, final = "".join(e["content"] for e in events), events[-1]
+        else:
+            final = httpx.post(f"{srv.url}/infill", json=body, timeout=30).json()
+            content = final["content"]
+        assert content == "x = 1\n    y = 2\n  " and final["stop_type"] == "limit", (stream, content)
+    whole = httpx.post(f"{srv.url}/infill", json=llama_vscode_body(n_indent=0, temperature=0, n_predict=64),
+                       timeout=30).json()
+    assert whole["content"] == "x = 1\n    y = 2\n  z = 3\nw = 4" and whole["stop_type"] == "eos"
+
+
+def test_t_max_predict_ms_stops_after_a_newline(fake_server: Callable) -> None:
+    engine = scripted_engine(qwen_tokenizer(), "a = 1\nb = 2\nc = 3\nd = 4\n" * 8, tokens_per_step=2)
+    engine.step_seconds = 0.02
+    srv = fake_server(engine)
+    body = llama_vscode_body(n_indent=0, t_max_predict_ms=100, temperature=0, n_predict=400)
+    out = httpx.post(f"{srv.url}/infill", json=body, timeout=30).json()
+    assert out["stop_type"] == "limit" and "\n" in out["content"] and out["tokens_predicted"] < 200
+
+
+def test_tokens_cached_is_the_prefix_cache_count(fake_server: Callable) -> None:
+    srv = fake_server(scripted_engine(qwen_tokenizer(), SCRIPT))
+    out = httpx.post(f"{srv.url}/infill", json=llama_vscode_body(), timeout=30).json()
+    assert out["tokens_cached"] == out["timings"]["cache_n"]

@@ -10,8 +10,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import xgrammar
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
+from engine.speculation.grammar import GrammarCache
 from tests.helpers.fake_engine import FakeEngine
 from tests.helpers.sse_helpers import post_stream
 from tests.helpers.tool_models import (
@@ -92,32 +94,82 @@ def test_tool_choice_none_ignores_tools(fake_server) -> None:
     assert "<tools>" not in last_prompt(srv)
 
 
-def test_tool_choice_required_prefills_the_call(fake_server) -> None:
-    srv = hermes_server(fake_server, f"{TIME}\n</tool_call><|end|>")
+def grammar_of(srv: Any) -> Any:
+    """The structured output of the engine's last request, compiled for the server's tokenizer."""
+    spec = srv.engine.requests[-1].params.structured_output
+    assert spec is not None and spec.kind == "structural_tag"
+    tokenizer = srv.engine.tokenizer
+    return spec, GrammarCache(tokenizer, len(tokenizer), [tokenizer.eos_token_id]).compile(spec)
+
+
+def accepts(compiled: Any, text: str, eos: int = 0) -> bool:
+    """Whether `text` and then EOS (the tiny tokenizer's <|end|>, id 0) complete the grammar."""
+    matcher = xgrammar.GrammarMatcher(compiled)
+    return matcher.accept_string(text) and matcher.accept_token(eos) and matcher.is_terminated()
+
+
+def test_tool_choice_required_is_generated_under_the_calls_grammar(fake_server) -> None:
+    call = f"<tool_call>\n{TIME}\n</tool_call>"
+    srv = hermes_server(fake_server, call + "<|end|>")
     client = client_for(srv)
     request = {"model": "fake-model", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
                "temperature": 0, "max_tokens": 400}
     full = client.chat.completions.create(**request)
-    assert last_prompt(srv).endswith("<|assistant|>\n<tool_call>\n")
+    assert last_prompt(srv).endswith("<|assistant|>\n")  # nothing prefilled: the grammar writes the call
     assert full.choices[0].finish_reason == "tool_calls" and full.choices[0].message.content is None
     assert calls_of(full.choices[0].message) == [("get_time", {"tz": "UTC"})]
+    _, compiled = grammar_of(srv)
+    assert accepts(compiled, call) and accepts(compiled, f"<tool_call>\n{WEATHER}\n</tool_call>\n{call}")
+    assert not accepts(compiled, "It is noon.")  # required: calls only
+    assert not accepts(compiled, '<tool_call>\n{"name": "get_time", "arguments": {"tz": 3}}\n</tool_call>')
+    assert not accepts(compiled, '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>')
+    assert not accepts(compiled, '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c"}}\n</tool_call>')
     final, _ = streamed(client, **request)
     assert calls_of(final.choices[0].message) == [("get_time", {"tz": "UTC"})]
 
 
-def test_named_tool_choice_prefills_the_name_and_keeps_one_call(fake_server) -> None:
-    srv = hermes_server(fake_server, f' {{"city": "Oslo"}}}}\n</tool_call>\n<tool_call>\n{TIME}\n</tool_call><|end|>')
+def test_named_tool_choice_allows_one_call_of_that_function(fake_server) -> None:
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    srv = hermes_server(fake_server, call + "<|end|>")
     client = client_for(srv)
     choice = {"type": "function", "function": {"name": "get_weather"}}
     request = {"model": "fake-model", "messages": MESSAGES, "tools": TOOLS, "tool_choice": choice, "temperature": 0, "max_tokens": 400}
     full = client.chat.completions.create(**request)
-    assert last_prompt(srv).endswith('<tool_call>\n{"name": "get_weather", "arguments":')
     assert calls_of(full.choices[0].message) == [("get_weather", {"city": "Oslo"})]
+    spec, compiled = grammar_of(srv)
+    assert "get_time" not in spec.spec
+    assert accepts(compiled, call) and not accepts(compiled, call + "\n" + call)
+    assert not accepts(compiled, f"<tool_call>\n{TIME}\n</tool_call>")
     final, _ = streamed(client, **request)
     assert calls_of(final.choices[0].message) == [("get_weather", {"city": "Oslo"})]
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**{**request, "tool_choice": {"type": "function", "function": {"name": "x"}}})
     assert info.value.body["param"] == "tool_choice"
+
+
+def test_auto_lets_text_through_and_puts_calls_under_the_grammar(fake_server) -> None:
+    srv = hermes_server(fake_server, HERMES_CALLS)
+    client_for(srv).chat.completions.create(model="fake-model", messages=MESSAGES, tools=TOOLS, max_tokens=400)
+    _, compiled = grammar_of(srv)
+    assert accepts(compiled, HERMES_CALLS.removesuffix("<|end|>")) and accepts(compiled, "It is sunny.")
+    assert not accepts(compiled, 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}')
+    client_for(srv).chat.completions.create(model="fake-model", messages=MESSAGES, tools=TOOLS, max_tokens=400,
+                                            parallel_tool_calls=False)
+    _, compiled = grammar_of(srv)
+    one = f"<tool_call>\n{TIME}\n</tool_call>"
+    assert accepts(compiled, "Sure. " + one) and not accepts(compiled, one + "\n" + one)
+
+
+def test_auto_with_a_response_format_is_that_format_or_calls(fake_server) -> None:
+    srv = hermes_server(fake_server, '{"answer": "sunny"}<|end|>')
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    full = client_for(srv).chat.completions.create(
+        model="fake-model", messages=MESSAGES, tools=TOOLS, max_tokens=400,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+    assert full.choices[0].message.content == '{"answer": "sunny"}'
+    _, compiled = grammar_of(srv)
+    assert accepts(compiled, '{"answer": "sunny"}') and accepts(compiled, f"<tool_call>\n{TIME}\n</tool_call>")
+    assert not accepts(compiled, "It is sunny.") and not accepts(compiled, '{"answer": 1}')
 
 
 def test_parallel_tool_calls_false(fake_server) -> None:

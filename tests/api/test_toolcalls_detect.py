@@ -105,11 +105,13 @@ def test_plans() -> None:
     assert plan_tools(hermes, request(tools=None)) is None
     assert plan_tools(hermes, request(tool_choice="none")) is None
     auto = plan_tools(hermes, request())
-    assert auto is not None and auto.prefill == "" and auto.max_calls is None and auto.tools == TOOLS
+    assert auto is not None and auto.max_calls is None and auto.tools == TOOLS
+    assert auto.grammar.kind == "structural_tag" and '"triggered_tags"' in auto.grammar.spec
     assert plan_tools(hermes, request(parallel_tool_calls=False)).max_calls == 1
-    assert plan_tools(hermes, request(tool_choice="required")).prefill == "<tool_call>\n"
+    required = plan_tools(hermes, request(tool_choice="required")).grammar.spec
+    assert '"at_least_one": true' in required and "get_time" in required and "get_weather" in required
     named = plan_tools(hermes, request(tool_choice={"type": "function", "function": {"name": "get_time"}}))
-    assert named.prefill == '<tool_call>\n{"name": "get_time", "arguments":' and named.max_calls == 1
+    assert named.max_calls == 1 and "get_weather" not in named.grammar.spec
     off = ToolSupport.detect(tiny_tokenizer(), BUILTIN_TEMPLATE, "auto")
     assert plan_tools(off, request()) is None and plan_tools(off, request(tool_choice="auto")) is None
     for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):

@@ -66,7 +66,6 @@ WELL_FORMED: list[tuple[str, str, str | None, Calls]] = [
 MALFORMED: list[tuple[str, str]] = [
     ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris",}}\n</tool_call>'),
     ("hermes", "<tool_call>\nget_weather(city='Paris')\n</tool_call>"),
-    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"'),  # cut off
     ("hermes", '<tool_call>\n{"name": 42, "arguments": {}}\n</tool_call>'),
     ("hermes", '<tool_call>\n{"tool": "get_weather", "args": {}}\n</tool_call>'),
     ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": [1, 2]}\n</tool_call>'),
@@ -77,10 +76,9 @@ MALFORMED: list[tuple[str, str]] = [
 ]
 
 
-def run(fmt: str, pieces: list[str], eager: bool, max_calls: int | None = None,
-        prefill: str = "") -> tuple[str | None, Calls, list[dict]]:
+def run(fmt: str, pieces: list[str], eager: bool, max_calls: int | None = None) -> tuple[str | None, Calls, list[dict]]:
     """(content, calls, raw tool-call delta entries) of an output fed in `pieces`."""
-    out = ToolOutput(FORMATS[fmt], eager=eager, prefill=prefill, max_calls=max_calls)
+    out = ToolOutput(FORMATS[fmt], eager=eager, max_calls=max_calls)
     deltas = [d for piece in pieces for d in out.feed(piece)] + out.finish()
     content = "".join(d.content for d in deltas if d.content is not None)
     entries = [d.tool_call for d in deltas if d.tool_call is not None]
@@ -179,21 +177,26 @@ def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
-def test_prefill_for_a_named_function_is_the_start_of_the_call(fmt: str) -> None:
-    prefill = FORMATS[fmt].prefill("get_weather")
-    rest = ' {"city": "Paris", "unit": "c"}}' + {"hermes": "\n</tool_call>", "llama3_json": "",
-                                                  "mistral": "]"}[fmt]
-    assert whole(fmt, rest, prefill=prefill) == (None, [("get_weather", W_ARGS)])
-    required = FORMATS[fmt].prefill(None)
-    call = {"hermes": f"\n{WEATHER}\n</tool_call>", "llama3_json": ' "get_weather", "parameters": '
-            '{"city": "Paris", "unit": "c"}}', "mistral": f"[{WEATHER}]"}[fmt]
-    assert whole(fmt, call, prefill=required) == (None, [("get_weather", W_ARGS)])
-    assert run(fmt, list(call), eager=True, prefill=required)[:2] == (None, [("get_weather", W_ARGS)])
+def test_a_call_cut_off_by_max_tokens_is_never_content(fmt: str) -> None:
+    """Under the calls' grammar the output ends inside a call only when max_tokens cuts it: whole, the
+    call is dropped; streamed, a call already sent keeps its arguments so far."""
+    call = {"hermes": f"Sure.\n<tool_call>\n{WEATHER}", "llama3_json": WEATHER.replace("arguments", "parameters"),
+            "mistral": f"Sure.[TOOL_CALLS][{WEATHER}"}[fmt]
+    text = call[: call.index('"Paris"')]
+    content = None if fmt == "llama3_json" else "Sure."
+    assert whole(fmt, text) == (content or "", [])
+    for pieces in splits(text, seed=3)[::9]:
+        assert run(fmt, pieces, eager=False)[:2] == (content or "", [])
+        got_content, _, entries = [*run_raw(fmt, pieces)]
+        assert got_content == content and [e["function"]["name"] for e in entries if "id" in e] == ["get_weather"]
+        assert "".join(e["function"]["arguments"] for e in entries) == '{"city": '
 
 
-def test_a_failed_prefilled_call_returns_the_prefill_as_content() -> None:
-    prefill = FORMATS["hermes"].prefill(None)
-    assert whole("hermes", "I would rather not.", prefill=prefill) == (prefill + "I would rather not.", [])
+def run_raw(fmt: str, pieces: list[str]) -> tuple[str | None, None, list[dict]]:
+    out = ToolOutput(FORMATS[fmt], eager=True)
+    deltas = [d for piece in pieces for d in out.feed(piece)] + out.finish()
+    content = "".join(d.content for d in deltas if d.content is not None)
+    return content or None, None, [d.tool_call for d in deltas if d.tool_call is not None]
 
 
 def test_plain_text_passes_through_exactly() -> None:

@@ -66,6 +66,7 @@ def test_the_script_runs_the_module_with_python3_and_exits_2_without_cuda():
     assert done.stdout.count("\n") == 1 and "no CUDA device" in done.stdout
 
 
+@pytest.mark.slow
 def test_it_imports_engine_code_only():
     """The GPU machine has torch and transformers, not the server's packages."""
     modules = ", ".join(
@@ -78,6 +79,7 @@ def test_it_imports_engine_code_only():
     assert not loaded & set(SERVER_ONLY)
 
 
+@pytest.mark.slow
 def test_tiny_run_on_cpu_reports_every_section(tmp_path, capsys):
     out = tmp_path / "report" / "gpu.md"
     args = ["--allow-cpu", "--tiny", "--work-dir", str(tmp_path / "work"), "--out", str(out)]

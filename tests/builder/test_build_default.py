@@ -61,8 +61,23 @@ def _check_pair(out: Path) -> None:
     assert "Fill-in-the-middle" in card and "<|fim_prefix|>" in card
 
 
+@pytest.mark.slow
 def test_toy_build_outputs_load(toy_build: Path) -> None:
     _check_pair(toy_build)
+
+
+def test_toy_build_continues_from_an_existing_pair(toy_build: Path, tmp_path: Path) -> None:
+    out = tmp_path / "continued"
+    flags = ["--toy", "--threads", "1", "--init-from", str(toy_build), "--out", str(out)]
+    assert build_default.main([*flags, "--target-steps", "2", "--draft-steps", "2"]) == 0
+    _check_pair(out)
+    assert (out / "target" / "tokenizer.json").read_bytes() == (toy_build / "target" / "tokenizer.json").read_bytes()
+    assert "is_local" not in (out / "target" / "tokenizer_config.json").read_text()
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "## Earlier training" in card and "### Command" in card and f"--out {toy_build}" in card
+    assert "continued from" in card and "Tokenized at the cursor" in card
+    with pytest.raises(ValueError, match="--target-hidden 48"):
+        build_default.main([*flags, "--target-hidden", "48"])
 
 
 def test_committed_default_pair_loads() -> None:

@@ -29,6 +29,7 @@ from engine.types import (
     StructuredOutput,
     StructuredOutputError,
     TokenDelta,
+    TokenLogprob,
 )
 from tests.helpers.tiny_models import build_tokenizer
 
@@ -63,7 +64,8 @@ class FakeEngine(GenerationEngine):
         self.before_step = before_step  # called in the worker thread at the start of every step
         self.fail_with = fail_with
         self.requests: list[Request] = []
-        self.steps_run = 0
+        self.steps_run = 0  # request steps: one per running request per step()
+        self.step_log: list[list[str]] = []  # the request ids each step() ran, in order
         self.step_started = threading.Event()
         self.max_running = max_running
         self._streams: dict[str, Iterator[TokenDelta]] = {}  # running requests' delta streams
@@ -120,6 +122,7 @@ class FakeEngine(GenerationEngine):
             output.deltas.append(delta)
             if delta.finish_reason is not None:
                 del self._streams[request_id]
+        self.step_log.append([delta.request_id for delta in output.deltas] + [rid for rid, _ in output.failures])
         if output.deltas:
             emitted = sum(len(d.token_ids) for d in output.deltas)
             output.stats = PassStats(len(output.deltas), 8 * len(output.deltas), 0, emitted, 0.001, 0.002, 0.003)
@@ -163,7 +166,9 @@ class FakeEngine(GenerationEngine):
                               num_emitted=len(new_ids), draft_seconds=0.001, target_seconds=0.002,
                               step_seconds=0.003)
             totals.add_step(stats)
-            yield TokenDelta(request.request_id, new_ids, finish, stats, totals if finish else None)
+            logprobs = None if params.logprobs is None else [  # made-up values: the shapes are what is tested
+                TokenLogprob(-0.5, [t] * params.logprobs, [-0.5] * params.logprobs) for t in new_ids]
+            yield TokenDelta(request.request_id, new_ids, finish, stats, totals if finish else None, logprobs)
             if finish is not None:
                 return
 

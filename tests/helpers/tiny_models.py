@@ -53,7 +53,13 @@ def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
 
 
 def tiny_config(
-    arch: str, vocab_size: int, *, hidden: int = 64, layers: int = 2, eos_token_id: int = 0, init_range: float = 1.0,
+    arch: str,
+    vocab_size: int,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    eos_token_id: int = 0,
+    init_range: float = 1.0,
     max_positions: int = 512,
 ):
     common = dict(
@@ -63,7 +69,7 @@ def tiny_config(
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=max_positions,
+        max_position_embeddings=max_positions,  # the engine's default max_context
         initializer_range=init_range,  # spiky logits: floating-point ties stay rare
         eos_token_id=eos_token_id,
         bos_token_id=1,

@@ -77,7 +77,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("arch", "draft", "method", "budget"), CASES)
+QUICK = {("llama", "random", "specexec", 1), ("qwen2", "same", "specexec", 256), ("qwen2", "random", "autoregressive", 1)}
+PARAMS = [pytest.param(*case, marks=() if case in QUICK else pytest.mark.slow) for case in CASES]  # the rest: slow
+
+
+@pytest.mark.parametrize(("arch", "draft", "method", "budget"), PARAMS)
 def test_greedy_equals_target_alone(pairs, arch, draft, method, budget):
     target_dir, draft_dir = pairs(arch, draft)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()

@@ -2,7 +2,8 @@
 
 Streamed layers move in packed form (qweight, qzeros, scales, g_idx), from RAM or from the
 checkpoint on disk, and give the resident quantized logits; greedy SpecExec with the quantized target equals the quantized target
-alone. Skipped, with the pip command, when the `gptq` extra is absent; the error tests always run.
+alone. Skipped, with the pip command, when the `gptq` extra is absent (failed instead under
+SPECEXEC_REQUIRE_GPTQ=1, as scripts/test-gptq.sh runs them); the error tests always run.
 """
 
 from __future__ import annotations
@@ -15,16 +16,18 @@ import torch
 
 from bench.quant import quantize_gptq
 from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
-from engine.model import checkpoint, gptq
+from engine.model import checkpoint, gptq, gptq_int4
 from engine.model.runner import DecoderRunner
+from engine.offload.build import build_offloaded_runner
 from engine.offload.layout import layer_tensors, layout_of
 from engine.runtime import Engine
-from engine.types import CheckpointError, OffloadError, SamplingParams
+from engine.types import CheckpointError, ConfigError, OffloadError, SamplingParams
+from tests.helpers.gptq_extra import missing_gptq
 from tests.helpers.offload_passes import assert_same_logits, reference_greedy, run_passes, streamed_runner
 from tests.helpers.tiny_models import make_tiny_pair
 
 NUM_LAYERS = 4
-MISSING = gptq.missing_modules()
+MISSING = missing_gptq()  # fails collection under SPECEXEC_REQUIRE_GPTQ=1 when the extra is absent
 needs_gptq = pytest.mark.skipif(
     bool(MISSING), reason=f"the gptq extra is not installed ({', '.join(MISSING)} missing): {gptq.GPTQ_PIP}"
 )
@@ -107,22 +110,27 @@ def test_disk_source_redoes_the_v1_zero_point_conversion(gptq_pair):
 
 
 @needs_gptq
-@pytest.mark.parametrize("offload", [None, "ram", "disk"])
-def test_greedy_specexec_with_quantized_target_equals_target_alone(gptq_pair, offload):
+@pytest.mark.parametrize(("offload", "kernel"), [(None, "auto"), ("ram", "auto"), ("disk", "auto"),
+                                                 (None, "dequantize"), ("ram", "dequantize")])
+def test_greedy_specexec_with_quantized_target_equals_target_alone(gptq_pair, offload, kernel):
+    """auto: int4 on this CPU, except from disk (the dequantize kernel); the reference is the same
+    model (checkpoint, kernel) alone, through transformers' generate."""
     target, _, draft = gptq_pair
+    used = "dequantize" if kernel == "dequantize" or offload == "disk" else "int4"
     prompt = [5, 17, 42, 9, 77, 130, 64]
-    want = reference_greedy(checkpoint.load_model(target, torch.float32), prompt, 24)
+    want = reference_greedy(checkpoint.load_model(target, torch.float32, gptq_kernel=used), prompt, 24)
     config = EngineConfig(
-        model=ModelConfig(target=target, draft=draft),
+        model=ModelConfig(target=target, draft=draft, gptq_kernel=kernel),
         speculation=SpeculationConfig(budget=16),
         offload=OffloadConfig(enabled=offload is not None, source=offload or "ram", resident_layers=1),
     )
     engine = Engine.load(config)
     try:
+        layer = engine.pair.target.hf_layers[0]
+        assert isinstance(layer.mlp.down_proj, gptq_int4.Int4Linear) == (used == "int4")
         got = engine.generate_ids(prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     finally:
-        if offload:
-            engine.pair.target.layers.close()
+        engine.close()
     assert got == want
 
 
@@ -164,3 +172,66 @@ def test_greedy_specexec_with_quantized_draft_equals_target_alone(gptq_pair):
         prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     )
     assert got == want
+
+
+@needs_gptq
+def test_int4_weights_are_the_dequantized_weights(gptq_pair):
+    """Every int4 module applied to the identity gives its weight: the gptqmodel kernel's dequantized
+    weight, rounded to bf16 (the int4 kernel's output dtype), act-order included."""
+    target, _, _ = gptq_pair
+    dense = checkpoint.load_model(target, torch.float32)
+    packed = checkpoint.load_model(target, torch.float32, gptq_kernel="int4")
+    for dense_layer, packed_layer in zip(dense.model.layers, packed.model.layers, strict=True):
+        for name, sub in gptq.quantized_modules(dense_layer).items():
+            want = sub.dequantize_weight().float()  # [in, out]
+            module = packed_layer.get_submodule(name)
+            assert isinstance(module, gptq_int4.Int4Linear)
+            got = module(torch.eye(module.in_features))  # [in, out]
+            assert torch.allclose(got, want, rtol=2**-7, atol=1e-6), name
+
+
+@needs_gptq
+@pytest.mark.parametrize(("resident", "ring"), [(0, 2), (1, 3)])
+def test_int4_layers_stream_packed_from_ram(gptq_pair, resident, ring):
+    target, original, _ = gptq_pair
+    model = checkpoint.load_model(target, torch.float32, gptq_kernel="int4")
+    layout = layout_of(model.model.layers[0])
+    names = {entry.name.rsplit(".", 1)[-1] for entry in layout.entries}
+    assert {"packed", "scales_and_zeros"} <= names and not {"qweight", "qzeros", "scales"} & names
+    assert layout.nbytes * 4 < layout_of(checkpoint.load_model(original, torch.float32).model.layers[0]).nbytes
+    want = run_passes(DecoderRunner(checkpoint.load_model(target, torch.float32, gptq_kernel="int4")))
+    cfg = EngineConfig(model=ModelConfig(target=target),
+                       offload=OffloadConfig(enabled=True, source="ram", resident_layers=resident, ring_size=ring))
+    runner = build_offloaded_runner(model, cfg, torch.device("cpu"))
+    try:
+        assert len(runner.layers.streamed) == NUM_LAYERS - resident
+        for _ in range(2):
+            assert_same_logits(run_passes(runner), want)
+    finally:
+        runner.layers.close()
+
+
+@needs_gptq
+def test_int4_from_disk_is_refused_by_name(gptq_pair):
+    target, _, draft = gptq_pair
+    config = EngineConfig(model=ModelConfig(target=target, draft=draft, gptq_kernel="int4"),
+                          offload=OffloadConfig(enabled=True, source="disk"))
+    with pytest.raises(ConfigError, match="model.gptq_kernel: a GPTQ target streamed from disk"):
+        Engine.load(config)
+
+
+@needs_gptq
+@pytest.mark.parametrize("kernel", ["dequantize", "int4"])
+def test_the_plan_counts_the_loaded_gptq_bytes(gptq_pair, kernel):
+    """`specexec plan`'s arithmetic from config.json (engine.model.config_shapes) against a real
+    load, both kernels' forms; and the dequantize kernel's scratch in the startup plan."""
+    from engine.model import config_shapes, memory
+
+    target, _, _ = gptq_pair
+    runner = DecoderRunner(checkpoint.load_model(target, torch.float32, gptq_kernel=kernel))
+    config = json.loads((Path(target) / "config.json").read_text())
+    counted = config_shapes.weight_bytes(config, 4, kernel)
+    layer = layer_tensors(runner.hf_layers[0]).values()
+    assert counted.layer == sum(t.numel() * t.element_size() for t in layer)
+    scratch = memory.dequant_scratch_bytes(runner)
+    assert scratch == (counted.largest_matrix * config_shapes.DEQUANT_BYTES_PER_WEIGHT if kernel == "dequantize" else 0)

@@ -243,3 +243,20 @@ def test_verification_with_masks_equals_verification_of_premasked_logits(cache, 
     tree.allowed = bits  # verify_step's default: the tree's own masks
     again = verify_step(tree, raw, params, counts, None, torch.Generator().manual_seed(8))
     assert again.path.tolist() == masked.path.tolist() and int(again.bonus_id) == int(masked.bonus_id)
+
+
+def test_a_structural_tag_writes_the_special_tokens_it_names_and_no_others() -> None:
+    """Special tokens never appear in structured output, except those a spec names (a tool-call marker
+    that is a special token): the grammar reads those as their text."""
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    marker = tokenizer.convert_tokens_to_ids("[TOOL_CALLS]")
+    cache = GrammarCache(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    tag = json.dumps({"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["[TOOL_CALLS]"],
+                      "tags": [{"type": "tag", "begin": "[TOOL_CALLS]", "end": "]",
+                                "content": {"type": "regex", "pattern": r"\[[a-z]+"}}]}})
+    kept = xgrammar.GrammarMatcher(cache.compile(StructuredOutput("structural_tag", tag, ("[TOOL_CALLS]",))))
+    assert kept.accept_token(marker) and kept.accept_string("[abc]") and kept.accept_token(tokenizer.eos_token_id)
+    blocked = xgrammar.GrammarMatcher(cache.compile(StructuredOutput("structural_tag", tag)))
+    assert not blocked.accept_token(marker)
+    assert not blocked.accept_token(tokenizer.convert_tokens_to_ids("<|pad|>"))

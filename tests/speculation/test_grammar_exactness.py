@@ -1,5 +1,6 @@
 """Structured output on the engine: constrained greedy with speculation equals constrained greedy
-without it, and the grammar forces schema-valid output from a random tiny model.
+without it, and the grammar forces schema-valid output from a random tiny model (JSON schemas, regexes,
+and the tool-call structural tags the server builds).
 
 The reference shares no code with the engine's decoding: each token is `model(input_ids).logits[0,
 -1]` of the transformers model, the tokens a fresh xgrammar matcher (fed the output so far) forbids
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 
+import jsonschema
 import pytest
 import torch
 import xgrammar
@@ -36,6 +38,16 @@ OBJECT_SCHEMA = {
     "required": ["color", "count", "ok"],
 }
 ENUM_SCHEMA = {"enum": ["alpha", "beta", "gamma", "delta"]}
+CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Z][a-z]{0,7}$"},
+                                                "unit": {"enum": ["c", "f"]}}, "required": ["city"]}
+TZ_SCHEMA = {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}}
+# tool calls as the server asks for them with tool_choice "required" and parallel_tool_calls false
+# (server/toolcalls/grammar.py, Hermes format; less whitespace, so the random model finishes a call)
+TOOL_CALLS = StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": {
+    "type": "tags_with_separator", "separator": "\n", "at_least_one": True, "stop_after_first": True, "tags": [
+        {"type": "tag", "begin": '<tool_call>\n{"name": "' + name + '", "arguments": ',
+         "content": {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 2}, "end": "}\n</tool_call>"}
+        for name, schema in (("get_weather", CITY_SCHEMA), ("get_time", TZ_SCHEMA))]}}))
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +104,9 @@ def prompts(engine: Engine) -> list[list[int]]:
     return [engine.tokenizer.encode("def add(a, b):"), engine.tokenizer.encode("Hello, world! The quick")]
 
 
-@pytest.mark.parametrize("method", ["specexec", "specinfer"])
-def test_constrained_greedy_equals_the_reference_loop(engines, target_model, method):
-    spec = schema_spec(OBJECT_SCHEMA)
+@pytest.mark.parametrize("method", [pytest.param("specexec", marks=pytest.mark.slow), "specinfer"])
+@pytest.mark.parametrize("spec", [schema_spec(OBJECT_SCHEMA), TOOL_CALLS], ids=["json_schema", "tool_calls"])
+def test_constrained_greedy_equals_the_reference_loop(engines, target_model, method, spec):
     mismatches, ties, finished = [], 0, 0
     for prompt in prompts(engines[(method, 1)]):
         want, ended, gaps = reference_constrained_greedy(target_model, engines[(method, 1)], prompt, spec)
@@ -118,6 +130,13 @@ def check_object(value: object) -> None:
     assert isinstance(value["ok"], bool)
 
 
+def check_calls(text: str) -> None:
+    calls = re.findall(r'<tool_call>\n\{"name": "(\w+)", "arguments": (.*?)\}\n</tool_call>', text, re.S)
+    assert calls and "\n".join(f'<tool_call>\n{{"name": "{n}", "arguments": {a}}}\n</tool_call>' for n, a in calls) == text
+    for name, arguments in calls:
+        jsonschema.validate(json.loads(arguments), CITY_SCHEMA if name == "get_weather" else TZ_SCHEMA)
+
+
 def run(engine: Engine, prompt: list[int], params: SamplingParams) -> tuple[str, FinishReason | None, int]:
     ids: list[int] = []
     finish = None
@@ -127,7 +146,7 @@ def run(engine: Engine, prompt: list[int], params: SamplingParams) -> tuple[str,
     return engine.tokenizer.decode(ids), finish, len(ids)
 
 
-@pytest.mark.parametrize("method", ["specexec", "specinfer"])
+@pytest.mark.parametrize("method", ["specexec", pytest.param("specinfer", marks=pytest.mark.slow)])
 def test_the_grammar_forces_schema_valid_output_from_a_random_model(engines, method):
     engine = engines[(method, 8)]
     prompt = prompts(engine)[0]
@@ -135,7 +154,8 @@ def test_the_grammar_forces_schema_valid_output_from_a_random_model(engines, met
              (schema_spec(ENUM_SCHEMA), lambda text: json.loads(text) in ENUM_SCHEMA["enum"] or pytest.fail(text)),
              (StructuredOutput("json_object"), lambda text: isinstance(json.loads(text), dict) or pytest.fail(text)),
              (StructuredOutput("regex", r"[a-c]{2,4}-[0-9]{3}"),
-              lambda text: re.fullmatch(r"[a-c]{2,4}-[0-9]{3}", text) or pytest.fail(text))]
+              lambda text: re.fullmatch(r"[a-c]{2,4}-[0-9]{3}", text) or pytest.fail(text)),
+             (TOOL_CALLS, check_calls)]
     for spec, check in cases:
         for seed, temperature in ((0, 0.0), (1, 1.0), (2, 1.0)):
             params = SamplingParams(temperature=temperature, seed=seed, max_tokens=MAX_TOKENS, structured_output=spec)

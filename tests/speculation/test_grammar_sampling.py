@@ -115,6 +115,7 @@ def test_the_reference_language_is_what_the_grammar_accepts(cache):
     assert len(exact) > len(WORDS)  # several tokenizations of some words
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("make_tree", "params"), [(specexec_tree, PLAIN), (specexec_tree, SHAPED),
                                                    (specinfer_tree, PLAIN)],
                          ids=["specexec-t1.0", "specexec-t0.7-topk-repetition", "specinfer-t1.0"])

@@ -93,8 +93,14 @@ def prompts(vocab_size: int) -> list[list[int]]:
     return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in (1, 3, 10)]
 
 
-@pytest.mark.parametrize("penalty", list(PENALTIES), ids=list(PENALTIES))
-@pytest.mark.parametrize("method", ["specexec", "specinfer"])
+GREEDY_CASES = [  # one case in the quick subset (-m "not slow"), the rest slow
+    pytest.param(method, penalty, id=f"{method}-{penalty}",
+                 marks=() if (method, penalty) == ("specexec", "all") else pytest.mark.slow)
+    for method in ("specexec", "specinfer") for penalty in PENALTIES
+]
+
+
+@pytest.mark.parametrize(("method", "penalty"), GREEDY_CASES)
 def test_greedy_with_penalties_equals_the_reference_loop(engines, target_model, method, penalty):
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, **PENALTIES[penalty])
     mismatches, ties, acts = [], 0, False
@@ -143,6 +149,7 @@ def reference_distribution(model, prompt: list[int], params: SamplingParams) -> 
     return probs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("method", "budget"), [("specexec", 1), ("specexec", 4), ("specinfer", 4)])
 def test_sampled_with_penalties_follows_the_reference(small_vocab_pair, method, budget):
     """Every step after the first has a generated root: a root counted twice shifts the K-token law."""

@@ -192,6 +192,7 @@ def test_engine_processing_matches_the_reference(params):
     assert params is PLAIN or (reference - plain).abs().max() > 0.05  # the parameter really acts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params", [PLAIN, SHAPED], ids=["t1.0", "t0.6-topp-topk-minp-penalties"])
 @pytest.mark.parametrize("make_tree", [specexec_tree, specinfer_tree], ids=["specexec", "specinfer"])
 def test_continuations_follow_the_target(make_tree, params):
@@ -213,6 +214,7 @@ def wide_tree(root: int, params: SamplingParams, gen: torch.Generator) -> Tree:
     return _TREES[key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params", [PLAIN, SHAPED], ids=["t1.0", "t0.6-topp-topk-minp-penalties"])
 def test_position_keyed_noise_follows_the_target(params):
     """The engine's seeded SpecExec sampling (noise per (seed, position), shared by a depth's nodes):
@@ -254,6 +256,7 @@ def ascending_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(remove, float("-inf"))
 
 
+@pytest.mark.slow
 def test_shared_random_numbers_are_detected(monkeypatch):
     monkeypatch.setattr(verify, "sample_tokens", shared_noise_sampler)
     _, p_seq = run(specexec_tree, PLAIN, 5_000, seed=7)
@@ -261,6 +264,7 @@ def test_shared_random_numbers_are_detected(monkeypatch):
     assert p_seq < 1e-6
 
 
+@pytest.mark.slow
 def test_wrong_top_p_is_detected(monkeypatch):
     monkeypatch.setattr(sampling, "apply_top_p", ascending_top_p)
     params = SamplingParams(temperature=1.0, top_p=0.8)

@@ -1,0 +1,132 @@
+"""A model's memory-plan shape and weight bytes from its config.json alone: no weights, no GPU.
+
+    config, source = read_model_config("meta-llama/Llama-3.1-70B-Instruct")  # folder, else known shapes
+    weights = weight_bytes(config, dtype_bytes=2, gptq_kernel="dequantize")
+
+`specexec plan` sizes a pair with these; a loaded pair's plan measures the same items from the
+loaded tensors (tests compare both on tiny checkpoints of every family, GPTQ included).
+
+A model path is read as a folder holding config.json when one exists. Otherwise it is looked up in
+configs/shapes/models.toml, which lists the config.json fields the plan needs for the models the
+shipped configs and the README name (copied from their config.json on the Hugging Face Hub), so a
+plan needs no download; for any other model, download its config.json alone into a folder
+(`hf download <repo id> config.json --local-dir <folder>`) and name the folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
+
+from engine.model.memory_plan import ModelShape
+from engine.types import CheckpointError
+
+KNOWN_SHAPES = Path(__file__).resolve().parents[2] / "configs" / "shapes" / "models.toml"
+DEQUANT_BYTES_PER_WEIGHT = 7  # gptqmodel's torch kernel: int8 unpack + three [K, N] fp16 temporaries
+GPTQ_SCALE_BYTES = 2  # fp16 scales
+
+
+def known_models(path: Path = KNOWN_SHAPES) -> dict[str, dict]:
+    """Hub id -> config.json fields, from configs/shapes/models.toml."""
+    return tomllib.loads(path.read_text()) if path.is_file() else {}
+
+
+def read_model_config(model: str) -> tuple[dict, str]:
+    """(config.json fields, where they came from) for a model folder or a known hub id."""
+    config_file = Path(model) / "config.json"
+    if config_file.is_file():
+        return json.loads(config_file.read_text()), str(config_file)
+    known = known_models()
+    if model in known:
+        return known[model], f"{KNOWN_SHAPES.name} [{model}]"
+    raise CheckpointError(
+        f"{model}: no config.json there and not among the known shapes ({KNOWN_SHAPES}); download its "
+        f"config.json alone (`hf download <repo id> config.json --local-dir <folder>`) and name the folder"
+    )
+
+
+def checkpoint_dtype(config: dict) -> str:
+    return str(config.get("dtype") or config.get("torch_dtype") or "float16").removeprefix("torch.")
+
+
+def _dims(config: dict) -> tuple[int, int, int, int, int, int]:
+    """hidden, heads, kv heads, head_dim, intermediate, experts."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    return hidden, heads, kv_heads, head_dim, config["intermediate_size"], config.get("num_local_experts") or 1
+
+
+def shape_from_config(config: dict, dtype_bytes: int) -> ModelShape:
+    hidden, heads, kv_heads, head_dim, intermediate, _ = _dims(config)
+    return ModelShape(
+        num_layers=config["num_hidden_layers"], num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        hidden_size=hidden, intermediate_size=intermediate, vocab_size=config["vocab_size"],
+        dtype_bytes=dtype_bytes, num_windows=1,
+    )
+
+
+def linears(config: dict) -> list[tuple[int, int, bool]]:
+    """(in, out, has bias) of every linear map of one decoder layer (MoE: every expert's)."""
+    hidden, heads, kv_heads, head_dim, intermediate, experts = _dims(config)
+    qwen = config.get("model_type") == "qwen2"
+    attn_bias = qwen or bool(config.get("attention_bias"))
+    mlp_bias = bool(config.get("mlp_bias"))
+    maps = [(hidden, heads * head_dim, attn_bias), (hidden, kv_heads * head_dim, attn_bias),
+            (hidden, kv_heads * head_dim, attn_bias), (heads * head_dim, hidden, bool(config.get("attention_bias")))]
+    maps += [(hidden, intermediate, mlp_bias), (hidden, intermediate, mlp_bias), (intermediate, hidden, mlp_bias)] * experts
+    return maps
+
+
+def gptq_linear_bytes(k: int, n: int, bias: bool, quant: dict, gptq_kernel: str) -> int:
+    """Device bytes of one GPTQ 4-bit linear map (k in, n out) in the kernel's form: dequantize keeps
+    qweight, qzeros, scales and g_idx; int4 keeps packed weights, bf16 scale and zero pairs, and an
+    input permutation with act-order."""
+    bits = int(quant.get("bits", 4))
+    group = int(quant.get("group_size", 128))
+    group = k if group <= 0 else group
+    groups = -(-k // group)
+    bias_bytes = n * GPTQ_SCALE_BYTES if bias else 0
+    weights = k * n * bits // 8
+    if gptq_kernel == "int4":
+        perm = k * 8 if quant.get("desc_act") else 0
+        return weights + groups * n * 4 + perm + bias_bytes
+    return weights + groups * n * bits // 8 + groups * n * GPTQ_SCALE_BYTES + k * 4 + bias_bytes
+
+
+@dataclass(frozen=True)
+class ConfigBytes:
+    """Device bytes of a model's weights, from its config.json."""
+
+    layer: int  # one decoder layer (all alike)
+    num_layers: int
+    outer: int  # embeddings, final norm, head
+    largest_matrix: int  # elements of the largest quantized matrix (0: not quantized)
+
+    @property
+    def total(self) -> int:
+        return self.outer + self.num_layers * self.layer
+
+
+def weight_bytes(config: dict, dtype_bytes: int, gptq_kernel: str = "dequantize") -> ConfigBytes:
+    """Bytes of `config`'s weights loaded at `dtype_bytes` per element (a GPTQ checkpoint's quantized
+    layers in `gptq_kernel`'s form, its other tensors at the load dtype)."""
+    hidden, _, _, _, _, experts = _dims(config)
+    quant = config.get("quantization_config") or {}
+    maps = linears(config)
+    if quant:
+        layer = sum(gptq_linear_bytes(k, n, bias, quant, gptq_kernel) for k, n, bias in maps)
+        largest = max(k * n for k, n, _ in maps)
+    else:
+        layer = sum((k * n + (n if bias else 0)) * dtype_bytes for k, n, bias in maps)
+        largest = 0
+    layer += 2 * hidden * dtype_bytes  # the two norms
+    if experts > 1:
+        layer += hidden * experts * dtype_bytes  # the router
+    vocab = config["vocab_size"]
+    tied = config.get("tie_word_embeddings", False)
+    outer = (vocab * hidden * (1 if tied else 2) + hidden) * dtype_bytes
+    return ConfigBytes(layer, config["num_hidden_layers"], outer, largest)

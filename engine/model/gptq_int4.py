@@ -1,0 +1,146 @@
+"""GPTQ 4-bit layers through torch's int4 matmul, which never materialises the dense weight.
+
+    replace_with_int4(model, compute_device)  # after gptq.make_streamable: every qualifying module
+
+gptqmodel's torch kernel (the fallback, `--gptq-kernel dequantize`) dequantises each whole matrix on
+every call: about 7 bytes of scratch per weight (docs/design.md, "Quantized targets"), and on this
+project's CPU a 4-bit pass 14x slower than fp32. torch's `aten._weight_int4pack_mm` (CUDA, sm80+)
+and `aten._weight_int4pack_mm_for_cpu` multiply bf16 activations by 4-bit weights in their own
+packed layout, grouped along the input dimension, dequantised as (q - 8) * scale + zero.
+
+GPTQ stores w[k, n] = scale[g(k), n] * (q[k, n] - z[g(k), n]) with q packed eight per int32 along k
+(qweight [K / 8, N]) and g(k) = g_idx[k]. The repack, once at load, per module:
+- act-order (g_idx not k // group_size): sort the input rows by group (`perm`); the activations are
+  gathered the same way on every call, x[:, perm] @ W[perm] = x @ W;
+- q transposed to [N, K] and packed by torch's converter for the compute device's kernel;
+- scales_and_zeros [K / group_size, N, 2] bf16: (scale, scale * (8 - z)).
+The results are registered buffers (packed, scales_and_zeros, perm, bias), so the module streams
+like any layer: 4-bit weights, 0.5 byte each, plus 4 bytes of scale and zero per group and column.
+The disk source reads the checkpoint's own packing, which this kernel cannot use, so a target
+streamed from disk keeps the dequantize kernel.
+
+Activations are cast to bf16 and the products come back in bf16 (the kernels' only fast path on CPU:
+0.44 ms against 31 ms with fp32 activations for a 1024 x 8192 matrix at one token here), then cast to
+the model's dtype. That is the quantized model's function: greedy output with speculation equals
+the same model's alone, as with any kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+GROUP_SIZES = (32, 64, 128, 256)  # what the kernels accept
+CPU_N_MULTIPLE = 16  # the CPU converter's rows per block
+CUDA_INNER_K_TILES = 8  # tinygemm: K must be a multiple of 16 x this
+CPU_INNER_K_TILES = 2  # ignored by the CPU layout, required by the signature
+
+
+def unpack_rows(packed: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """[R, C] int32 words holding 32 / bits values each along R -> [R * 32 / bits, C] int32."""
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
+    values = (packed.unsqueeze(1) >> shifts[None, :, None]) & ((1 << bits) - 1)  # [R, 32 / bits, C]
+    return values.reshape(-1, packed.shape[1])
+
+
+def unpack_cols(packed: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """[R, C] int32 words holding 32 / bits values each along C -> [R, C * 32 / bits] int32."""
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
+    return ((packed.unsqueeze(2) >> shifts) & ((1 << bits) - 1)).reshape(packed.shape[0], -1)
+
+
+def applies(module: nn.Module, compute_device: torch.device) -> str | None:
+    """Why `module` (a gptqmodel quantized linear) cannot run on the int4 kernel, or None if it can."""
+    bits, group = module.bits, module.group_size
+    k, n = module.in_features, module.out_features
+    if bits != 4:
+        return f"{bits}-bit weights (the kernel is 4-bit)"
+    if group not in GROUP_SIZES:
+        return f"group size {group} (the kernel takes {', '.join(map(str, GROUP_SIZES))})"
+    if k % group or module.qweight.shape[0] * 8 != k:
+        return f"{k} input features in groups of {group}"
+    if compute_device.type == "cpu" and n % CPU_N_MULTIPLE:
+        return f"{n} output features (the CPU kernel needs a multiple of {CPU_N_MULTIPLE})"
+    if compute_device.type == "cuda":  # CUDA-only
+        if torch.cuda.get_device_capability(compute_device) < (8, 0):
+            return "a GPU below compute capability 8.0"
+        if k % (16 * CUDA_INNER_K_TILES) or n % 8:
+            return f"a {k} x {n} matrix (the CUDA kernel needs K % 128 == 0 and N % 8 == 0)"
+    elif compute_device.type != "cpu":
+        return f"device {compute_device.type}"
+    g_idx = module.g_idx.long().cpu()
+    counts = torch.bincount(g_idx, minlength=k // group)
+    if counts.numel() != k // group or not bool((counts == group).all()):
+        return "groups of unequal size in g_idx"
+    return None
+
+
+def pack_for(values: torch.Tensor, compute_device: torch.device) -> torch.Tensor:
+    """[N, K] int32 4-bit values -> the kernel's packed layout for `compute_device` (on the host)."""
+    if compute_device.type == "cpu":
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(values.contiguous(), CPU_INNER_K_TILES)
+    pairs = (values[:, ::2] << 4 | values[:, 1::2]).to(torch.uint8)  # CUDA-only: torchao's byte order
+    packed = torch.ops.aten._convert_weight_to_int4pack(pairs.to(compute_device), CUDA_INNER_K_TILES)
+    return packed.cpu()
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W.T + bias with W in torch's int4 layout (module doc); x: [..., in_features]."""
+
+    def __init__(self, in_features: int, out_features: int, group_size: int, kernel_device: str,
+                 packed: torch.Tensor, scales_and_zeros: torch.Tensor, perm: torch.Tensor | None,
+                 bias: torch.Tensor | None):
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.kernel_device = kernel_device  # "cpu" or "cuda": whose layout `packed` has
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K / group, N, 2] bf16
+        self.register_buffer("perm", perm)  # [K] int64 input order by group (act-order), or None
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if self.perm is not None:
+            rows = rows.index_select(1, self.perm)
+        if self.kernel_device == "cpu":
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                rows.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
+        else:  # CUDA-only
+            out = torch.ops.aten._weight_int4pack_mm(
+                rows.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
+        out = out.to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias.to(x.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def from_gptq(module: nn.Module, compute_device: torch.device) -> Int4Linear:
+    """The int4 form of a loaded gptqmodel quantized linear (its checks passed: `applies`)."""
+    k, n, group = module.in_features, module.out_features, module.group_size
+    q = unpack_rows(module.qweight.cpu())[:k]  # [K, N]
+    zeros = unpack_cols(module.qzeros.cpu())[:, :n]  # [K / group, N]
+    if module.qzero_format() == 1:  # zero points stored minus one (the v1 file form)
+        zeros = zeros + 1
+    g_idx = module.g_idx.long().cpu()
+    perm = None
+    if not torch.equal(g_idx, torch.arange(k) // group):
+        perm = torch.argsort(g_idx, stable=True)
+        q = q[perm]
+    scales = module.scales.cpu().float()  # [K / group, N]
+    scales_and_zeros = torch.stack([scales, scales * (8 - zeros.float())], dim=-1).to(torch.bfloat16)
+    bias = module.bias.detach().cpu() if getattr(module, "bias", None) is not None else None
+    return Int4Linear(k, n, group, compute_device.type, pack_for(q.T, compute_device), scales_and_zeros,
+                      perm, bias).to(module.qweight.device)
+
+
+def replace_with_int4(layers: list[nn.Module], quantized: list[dict[str, nn.Module]], compute_device: torch.device) -> int:
+    """Swap every quantized module (quantized[i]: name -> module of layers[i]) for its Int4Linear;
+    returns how many. The caller has checked `applies` for all of them."""
+    count = 0
+    for layer, modules in zip(layers, quantized, strict=True):
+        for name, module in modules.items():
+            owner_name, _, leaf = name.rpartition(".")
+            owner = layer.get_submodule(owner_name) if owner_name else layer
+            setattr(owner, leaf, from_gptq(module, compute_device))
+            count += 1
+    return count

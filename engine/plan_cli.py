@@ -1,0 +1,91 @@
+"""`specexec plan`: the device memory plan of a pair on a GPU of a given size, with no GPU and no weights.
+
+    specexec plan --config configs/llama3.1-70b-instruct.toml --gpu-memory-total 24
+    specexec plan --gpu-memory-total 24 --table configs/*.toml  # the README's "What fits a 24 GB card"
+
+The arithmetic is engine.model.pair_plan (the server's startup plan from config.json shapes); this
+prints it: each item, the total, the KV slots, and when the pair does not fit the server's refusal
+and the changes that fit. Exit status: 0 when the pair fits, 1 when it does not, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from engine.cli import add_engine_arguments, engine_config_from_args
+from engine.config import engine_config_from, read_config_file
+from engine.model import config_shapes
+from engine.model.pair_plan import CUDA_CONTEXT_BYTES, GB, PairPlan, alternatives, load_dtype, plan_pair
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_arguments(parser)
+    parser.add_argument("--gpu-memory-total", type=float, required=True, metavar="GB",
+                        help="the GPU's memory in GB (10^9 bytes; a '24 GB' card has 24 GiB = 25.8 GB, less what "
+                             "the desktop uses)")
+    parser.add_argument("--table", nargs="+", metavar="CONFIG", default=None,
+                        help="instead of one plan, a markdown table of these config files' pairs and, where they do "
+                             "not fit, the changes that fit (the README's 24 GB table)")
+
+
+def slots(result: PairPlan) -> str:
+    return f"{result.running} running + {result.cache_slots} prefix cache"
+
+
+def print_plan(result: PairPlan, total_bytes: int) -> None:
+    config, inputs = result.config, result.inputs
+    print(f"target {config.model.target} ({result.sources[0]})")
+    if inputs.draft is not None:
+        print(f"draft  {config.model.draft} ({result.sources[1]})")
+    print(f"device: a {total_bytes / GB:.2f} GB CUDA GPU less {CUDA_CONTEXT_BYTES / GB:.2f} GB for the CUDA context "
+          f"(estimate); {load_dtype(config, config_shapes.read_model_config(config.model.target)[0])}, budget "
+          f"{inputs.budget}, max context {inputs.max_context}; {result.resident_layers} of {result.num_layers} "
+          f"target layers resident" + (f", the rest streamed (ring of {config.offload.ring_size})" if inputs.streamed else ""))
+    print(f"KV slots: {slots(result)} (asked: {config.limits.max_running} + {config.limits.prefix_cache_slots})")
+    print("\n| item | GB | |\n|---|--:|---|")
+    for item in sorted(result.plan.items, key=lambda item: (not item.loaded, -item.nbytes)):
+        if item.nbytes:
+            print(f"| {item.name} | {item.nbytes / GB:.2f} | {'loaded' if item.loaded else 'allocated at start'} |")
+    print(f"| total | {result.plan.total / GB:.2f} | of {(total_bytes - CUDA_CONTEXT_BYTES) / GB:.2f} GB |\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    total = int(args.gpu_memory_total * GB)
+    if args.table:
+        print_table(args.table, total)
+        return 0
+    config, _ = engine_config_from_args(args, require_folders=False)
+    result = plan_pair(config, total)
+    print_plan(result, total)
+    if result.fits:
+        spare = total - CUDA_CONTEXT_BYTES - result.plan.total
+        print(f"fits, {spare / GB:.2f} GB to spare")
+        return 0
+    print(f"does not fit; the server refuses at start with:\n  {result.refusal}")
+    found = alternatives(config, total)
+    print("what fits instead:" if found else "nothing of the kind the refusal names fits this GPU")
+    for flags, alternative in found:
+        print(f"  {flags}: resident layers {alternative.resident_layers}, KV slots {slots(alternative)}, "
+              f"{alternative.plan.total / GB:.2f} GB")
+    return 1
+
+
+def table_row(name: str, flags: str, result: PairPlan) -> str:
+    return (f"| {name} | {result.config.model.target} | {result.config.model.draft or '-'} | {flags or 'as configured'} "
+            f"| {result.resident_layers} / {result.num_layers} | {slots(result)} | {result.plan.total / GB:.2f} "
+            f"| {'yes' if result.fits else 'no'} |")
+
+
+def print_table(paths: list[str], total_bytes: int) -> None:
+    """A markdown table: each config's pair as configured, and when it does not fit the alternatives."""
+    usable = (total_bytes - CUDA_CONTEXT_BYTES) / GB
+    print(f"| config | target | draft | changed | resident layers | KV slots | GB (of {usable:g}) | fits |")
+    print("|---|---|---|---|--:|---|--:|---|")
+    for path in paths:
+        config, name = engine_config_from(read_config_file(path), {}, path), Path(path).name
+        result = plan_pair(config, total_bytes)
+        print(table_row(name, "", result))
+        if not result.fits:
+            for flags, alternative in alternatives(config, total_bytes):
+                print(table_row(name, f"`{flags}`", alternative))

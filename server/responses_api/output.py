@@ -1,0 +1,156 @@
+"""Responses API output: the `response` object, its output items, and the stream events that build them.
+
+`OutputItems` turns one generation's deltas (content, or tool-call entries: server/toolcalls/output.py)
+into output items, `message` (one `output_text` part) and `function_call`, in the order the model
+wrote them, and into the typed events OpenAI's SDKs parse: `response.output_item.added`,
+`response.content_part.added`, `response.output_text.delta`, `response.output_text.done`,
+`response.content_part.done`, `response.function_call_arguments.delta` / `.done`,
+`response.output_item.done`. The same object serves whole responses (its events unused).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.toolcalls.output import Delta
+
+Event = tuple[str, dict[str, Any]]  # (type, fields besides type and sequence_number)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
+            "content": [] if status == "in_progress" else [text_part(text)]}
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+            "arguments": arguments}
+
+
+class OutputItems:
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self._text: list[str] | None = None  # the open message's text
+        self._call_items: dict[int, int] = {}  # tool-call index -> output index
+
+    def feed(self, delta: Delta) -> list[Event]:
+        if delta.content is not None:
+            return self._content(delta.content) if delta.content else []
+        assert delta.tool_call is not None
+        entry = delta.tool_call
+        events = self._close_message("completed")
+        if "id" in entry:  # a call starts
+            index = len(self.items)
+            self._call_items[entry["index"]] = index
+            self.items.append(call_item(new_id("fc"), entry["id"], entry["function"]["name"], "", "in_progress"))
+            events.append(("response.output_item.added", {"output_index": index, "item": dict(self.items[index])}))
+            return events
+        index = self._call_items[entry["index"]]
+        item = self.items[index]
+        item["arguments"] += entry["function"]["arguments"]
+        events.append(("response.function_call_arguments.delta",
+                       {"item_id": item["id"], "output_index": index, "delta": entry["function"]["arguments"]}))
+        return events
+
+    def close(self, status: str) -> list[Event]:
+        """End of output (`status`: "completed" or "incomplete"): close what is open; a response always
+        has at least one item (an empty message when the model wrote nothing)."""
+        if not self.items:
+            events = self._content("")
+        else:
+            events = []
+        events += self._close_message(status)
+        for index in self._call_items.values():
+            item = self.items[index]
+            if item["status"] != "in_progress":
+                continue
+            item["status"] = "completed"
+            events.append(("response.function_call_arguments.done", {"item_id": item["id"], "output_index": index,
+                                                                     "name": item["name"],
+                                                                     "arguments": item["arguments"]}))
+            events.append(("response.output_item.done", {"output_index": index, "item": dict(item)}))
+        return events
+
+    def _content(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        if self._text is None:
+            index = len(self.items)
+            self.items.append(message_item(new_id("msg"), "", "in_progress"))
+            self._text = []
+            item_id = self.items[index]["id"]
+            events += [("response.output_item.added", {"output_index": index, "item": dict(self.items[index])}),
+                       ("response.content_part.added", {"item_id": item_id, "output_index": index,
+                                                        "content_index": 0, "part": text_part("")})]
+        self._text.append(text)
+        if text:
+            index = len(self.items) - 1
+            events.append(("response.output_text.delta", {"item_id": self.items[index]["id"], "output_index": index,
+                                                          "content_index": 0, "delta": text, "logprobs": []}))
+        return events
+
+    def _close_message(self, status: str) -> list[Event]:
+        if self._text is None:
+            return []
+        index = len(self.items) - 1
+        item = self.items[index]
+        text, self._text = "".join(self._text), None
+        self.items[index] = message_item(item["id"], text, status)
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return [("response.output_text.done", where | {"text": text, "logprobs": []}),
+                ("response.content_part.done", where | {"part": text_part(text)}),
+                ("response.output_item.done", {"output_index": index, "item": self.items[index]})]
+
+
+@dataclass
+class ResponseHead:
+    """What every snapshot of one response shares; `fields` echoes the request's settings."""
+
+    model: str
+    fields: dict[str, Any]
+    id: str = field(default_factory=lambda: new_id("resp"))
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def body(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None, *,
+             incomplete: bool = False, error: dict[str, Any] | None = None,
+             timings: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+                "error": error, "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+                "model": self.model, "output": output, "usage": usage} | self.fields
+        if timings is not None:
+            body["timings"] = timings
+        return body
+
+
+def response_fields(request: Any, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The request's settings as a response object echoes them."""
+    fmt = request.text.format.model_dump(by_alias=True, exclude_none=True) if request.text and request.text.format \
+        else {"type": "text"}
+    choice = request.tool_choice
+    return {
+        "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "previous_response_id": request.previous_response_id,
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "tool_choice": choice.model_dump() if hasattr(choice, "model_dump") else (choice or "auto"),
+        "tools": tools, "text": {"format": fmt}, "store": request.store is not False,
+        "metadata": request.metadata or {}, "user": request.user, "truncation": "disabled",
+        "reasoning": {"effort": None, "summary": None}, "background": False, "service_tier": "default",
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
+            "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + completion_tokens}

@@ -1,0 +1,62 @@
+"""Submitting a parsed request to the engine: prompt ids and max tokens (server/prompt.py), the tool
+plan and grammar (server/toolcalls/), sampling parameters, one `Generation` per choice. Shared by
+/v1/chat/completions, /v1/completions (server/app.py) and /v1/responses (server/responses_api/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from engine.types import Request as EngineRequest
+from engine.types import SamplingParams, StructuredOutputError
+from server.choices import choice_request_id, start_choices
+from server.detok import TextStream
+from server.errors import invalid_request
+from server.generation import Generation
+from server.logprobs import LogprobFormat, TokenTexts
+from server.protocol import SamplingRequest
+from server.responses import Envelope
+from server.state import ServerState
+from server.toolcalls.plan import ToolPlan
+
+
+async def start_generations(state: ServerState, req: SamplingRequest, chat: bool,
+                            endpoint: str) -> tuple[list[Generation], Envelope]:
+    """A parsed request's engine requests, submitted (one per choice): prompt ids and max tokens
+    (server/prompt.py), tool plan, grammar, sampling parameters. Shared by /v1/responses."""
+    async_engine, prompt = state.require_ready()
+    state.check_model(req.model)
+    plan = prompt.tool_plan(req)  # None: no tool calls to read (server/toolcalls/plan.py)
+    prompt_ids = await asyncio.to_thread(prompt.prompt_ids, req, plan)
+    params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
+    await check_structured_output(state, req, plan)
+    if plan is not None:  # the calls' grammar (with "auto", it holds the reply's response_format too)
+        params = dataclasses.replace(params, structured_output=plan.grammar)
+    if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
+        params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)
+    env = Envelope(chat, state.response_model(req.model), state.fingerprint)
+    texts = None if params.logprobs is None else TokenTexts(prompt.tokenizer)
+
+    def start(index: int, choice: SamplingParams) -> Generation:
+        text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=None if plan is None else plan.drop_ids)
+        logprobs = None if texts is None else LogprobFormat(texts, chat)
+        tools = None if plan is None else plan.output(eager=bool(req.stream))
+        engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice)
+        return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,
+                          tools=tools)
+
+    return start_choices(req.n or 1, params, start), env
+
+
+async def check_structured_output(state: ServerState, req: SamplingRequest, plan: ToolPlan | None = None) -> None:
+    """Compile the request's grammar (cached for the engine) off the event loop; one the engine cannot
+    compile is a 400 naming the field that asked for it (`tools` for the calls' grammar)."""
+    grammar = ("tools", plan.grammar) if plan is not None else req.structured_output()
+    if grammar is None or state.engine is None:
+        return
+    param, spec = grammar
+    try:
+        await asyncio.to_thread(state.engine.validate_structured_output, spec)
+    except StructuredOutputError as exc:
+        raise invalid_request(f"Invalid '{param}': {exc}.", param, "invalid_value") from None

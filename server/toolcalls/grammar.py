@@ -1,0 +1,124 @@
+"""The grammar of a request's tool calls: an xgrammar structural tag built from the tools' schemas
+in the model's call format, so every call the model writes is well-formed, names one of the tools
+and has arguments valid under that tool's `parameters` (engine kind `structural_tag`).
+
+- `tool_choice` "required": only calls, at least one; a named function: exactly one call of it;
+- "auto": text, and once the model opens a call (the format's marker; Llama: a JSON object at the
+  start of the reply) the rest of that call is under the grammar; with `response_format`, either
+  a reply under that format or calls;
+- `parallel_tool_calls: false`: at most one call, and the reply ends after it.
+
+The exact text of a call is fixed (`<tool_call>\\n{"name": "f", "arguments": ...}\\n</tool_call>`,
+as the formats' chat templates print past calls); whitespace inside the arguments is free (at most
+MAX_JSON_WHITESPACE characters per gap), their properties come in the schema's order and none
+beyond those it names. The formats are those of server/toolcalls/parsers.py, which reads the
+output back.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.types import StructuredOutput
+
+MAX_JSON_WHITESPACE = 16  # as engine/speculation/grammar.py allows between JSON elements
+LLAMA_TEXT_START = r"[ \t\r\n]*[^{ \t\r\n]"  # a Llama reply that is not a call: its first character is no "{"
+
+Format = dict[str, Any]  # one xgrammar structural-tag format, as JSON
+
+
+def tool_call_grammar(fmt_name: str, tools: list[tuple[str, dict[str, Any] | None]], *, forced: bool,
+                      single: bool, text: Format | None = None, special_tokens: tuple[str, ...] = (),
+                      named_args: bool = False) -> StructuredOutput:
+    """The structural tag of one request. `tools`: (name, parameters schema) of the callable tools
+    (one, for a named tool_choice); `forced`: calls only; `single`: at most one call; `text`: the
+    format a reply that is not a call must follow (None: any text); `special_tokens`: markers that
+    are special tokens of the tokenizer; `named_args`: Mistral's `[TOOL_CALLS]f[ARGS]{...}` form."""
+    builder = {"hermes": _hermes, "llama3_json": _llama, "mistral": _mistral_named if named_args else _mistral}
+    fmt = builder[fmt_name](tools, forced, single, text)
+    return StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}),
+                            special_tokens=special_tokens)
+
+
+def arguments(schema: dict[str, Any] | None) -> Format:
+    """A call's arguments: a JSON object under `schema` (None or {}: any object; a schema that names no
+    type is read as an object's, since arguments are always one)."""
+    schema = {"type": "object"} | (schema or {}) if not schema or "type" not in schema else schema
+    return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+
+
+def text_format(kind: str, spec: str) -> Format:
+    """A response_format / guided_* grammar as a structural-tag format (the text of an "auto" reply)."""
+    if kind == "regex":
+        return {"type": "regex", "pattern": spec}
+    schema = json.loads(spec) if kind == "json_schema" else {"type": "object"}
+    return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+
+
+def _tag(begin: str, content: Format, end: str) -> Format:
+    return {"type": "tag", "begin": begin, "content": content, "end": end}
+
+
+def _calls(tags: list[Format], separator: str, forced: bool, single: bool) -> Format:
+    return {"type": "tags_with_separator", "tags": tags, "separator": separator, "at_least_one": forced,
+            "stop_after_first": single}
+
+
+def _choice(calls: Format, text: Format) -> Format:
+    """A reply under `text`, or calls (at least one)."""
+    return {"type": "or", "elements": [text, calls | {"at_least_one": True}]}
+
+
+def _name(name: str) -> str:
+    return json.dumps(name, ensure_ascii=False)
+
+
+def _hermes(tools: list, forced: bool, single: bool, text: Format | None) -> Format:
+    tags = [_tag('<tool_call>\n{"name": ' + _name(name) + ', "arguments": ', arguments(schema), "}\n</tool_call>")
+            for name, schema in tools]
+    calls = _calls(tags, "\n", forced, single)
+    if forced:
+        return calls
+    if text is not None:
+        return _choice(calls, text)
+    return {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": tags, "stop_after_first": single,
+            "excludes": ["</tool_call>"]}
+
+
+def _llama(tools: list, forced: bool, single: bool, text: Format | None) -> Format:
+    """Calls are bare JSON objects at the start of the reply, separated by ";" (the reader opens a
+    call only there), so "auto" is: calls, or a reply whose first character is no "{"."""
+    tags = [_tag('{"name": ' + _name(name) + ', "parameters": ', arguments(schema), "}") for name, schema in tools]
+    calls = _calls(tags, ";", forced, single)
+    if forced:
+        return calls
+    if text is None:
+        prose = {"type": "sequence", "elements": [{"type": "regex", "pattern": LLAMA_TEXT_START},
+                                                  {"type": "any_text", "excludes": ["<|python_tag|>"]}]}
+        text = {"type": "or", "elements": [{"type": "const_string", "value": ""}, prose]}
+    return _choice(calls, text)
+
+
+def _mistral(tools: list, forced: bool, single: bool, text: Format | None) -> Format:
+    """`[TOOL_CALLS][{"name": ..., "arguments": ...}, ...]`: one block holding the calls."""
+    tags = [_tag('{"name": ' + _name(name) + ', "arguments": ', arguments(schema), "}") for name, schema in tools]
+    inner = {"type": "sequence", "elements": [{"type": "regex", "pattern": r" ?\["}, _calls(tags, ", ", True, single)]}
+    block = _tag("[TOOL_CALLS]", inner, "]")
+    if forced:
+        return block
+    if text is not None:
+        return {"type": "or", "elements": [text, block]}
+    return {"type": "triggered_tags", "triggers": ["[TOOL_CALLS]"], "tags": [block], "stop_after_first": True}
+
+
+def _mistral_named(tools: list, forced: bool, single: bool, text: Format | None) -> Format:
+    """`[TOOL_CALLS]f[ARGS]{...}` per call (tokenizers with an [ARGS] token)."""
+    tags = [_tag("[TOOL_CALLS]" + name + "[ARGS]", arguments(schema), "") for name, schema in tools]
+    calls = _calls(tags, "", forced, single)
+    if forced:
+        return calls
+    if text is not None:
+        return _choice(calls, text)
+    return {"type": "triggered_tags", "triggers": ["[TOOL_CALLS]"], "tags": tags, "stop_after_first": single,
+            "excludes": ["[ARGS]"]}

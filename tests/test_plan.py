@@ -1,0 +1,128 @@
+"""`specexec plan`: the startup memory plan from config.json shapes alone, for every shipped config.
+
+- Every configs/*.toml plans on a 24 GB GPU without weights or a GPU, and fits the GPU its comments
+  name; Llama-3.1-70B with its 8B draft is refused on 24 GB with the server's refusal and the
+  drafts the README suggests.
+- The shapes arithmetic (engine.model.config_shapes) gives the loaded bytes of a real load, every
+  family; the plan's inputs are those the engine builds for the same config (tiny pairs, CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
+from engine.model import checkpoint, config_shapes, memory_plan
+from engine.model.pair_plan import GB, plan_pair
+from engine.model.runner import DecoderRunner
+from engine.runtime import Engine
+from specexec.__main__ import main
+from tests.helpers.tiny_models import make_tiny_pair
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = sorted(CONFIG_DIR.glob("*.toml"))
+NEEDS_GB = {  # the GPU each config's comments name
+    "default.toml": 24, "llama2-70b-chat.toml": 80, "llama2-70b-chat-gptq.toml": 24,
+    "llama3.1-70b-instruct.toml": 48, "mixtral-8x7b-instruct.toml": 48, "qwen2.5-72b-instruct.toml": 24,
+}
+
+
+def plan(capsys, *argv: str) -> tuple[int, str]:
+    code = main(["plan", *argv])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_every_config_plans_without_weights_and_fits_its_gpu(path, capsys):
+    code, out = plan(capsys, "--config", str(path), "--gpu-memory-total", "24")
+    assert code in (0, 1) and "| total |" in out and "KV slots:" in out
+    assert ("does not fit; the server refuses at start with:" in out) == (code == 1)
+    code, out = plan(capsys, "--config", str(path), "--gpu-memory-total", str(NEEDS_GB[path.name]))
+    assert code == 0 and "fits, " in out, out
+
+
+def test_the_8b_draft_on_24_gb_is_refused_with_the_readme_alternatives(capsys):
+    code, out = plan(capsys, "--config", str(CONFIG_DIR / "llama3.1-70b-instruct.toml"), "--gpu-memory-total", "24")
+    assert code == 1
+    refusal = out.split("refuses at start with:\n")[1].splitlines()[0]
+    assert refusal.strip().startswith("model.draft: the weights do not fit on the device (draft weights 16.06 GB")
+    for draft in ("meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-3B-Instruct",
+                  "hugging-quants/Meta-Llama-3.1-8B-Instruct-GPTQ-INT4"):
+        assert f"--draft {draft} --gpu-memory" in out
+    readme = (CONFIG_DIR.parent / "README.md").read_text()
+    table = [line for line in readme.splitlines() if line.startswith("| llama3.1-70b-instruct.toml")]
+    assert len(table) == 4  # as configured, and the three drafts
+
+
+def test_the_readme_table_is_the_commands_output():
+    readme = (CONFIG_DIR.parent / "README.md").read_text()
+    command = next(line.strip() for line in readme.splitlines()
+                   if line.strip().startswith("specexec plan --gpu-memory-total 24 --table"))
+    argv = command.split()[2:]
+    out = subprocess.run([sys.executable, "-m", "specexec", "plan", *argv], capture_output=True, text=True,
+                         check=True, cwd=CONFIG_DIR.parent).stdout
+    assert out.strip() in readme
+
+
+def test_a_grouped_gptq_target_counts_the_dequantize_scratch(capsys):
+    code, out = plan(capsys, "--config", str(CONFIG_DIR / "llama2-70b-chat-gptq.toml"), "--gpu-memory-total", "24")
+    scratch = 7 * 8192 * 28672  # the largest matrix, 7 bytes a weight
+    assert f"| GPTQ dequantization scratch | {scratch / GB:.2f} |" in out
+
+
+def test_an_unknown_model_names_the_fix(capsys, tmp_path):
+    code = main(["plan", "--target", str(tmp_path / "nowhere"), "--method", "autoregressive",
+                 "--gpu-memory-total", "24"])
+    assert code == 2
+    assert "download its config.json alone" in capsys.readouterr().err
+
+
+ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    return {arch: tuple(map(str, make_tiny_pair(tmp_path_factory.mktemp(arch), arch=arch, draft="noisy", seed=2)))
+            for arch in ARCHS}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_shapes_arithmetic_gives_the_loaded_bytes(pairs, arch):
+    target, _ = pairs[arch]
+    model = checkpoint.load_model(target, torch.float32)
+    runner = DecoderRunner(model)
+    measured = memory_plan.loaded_bytes(runner, None, [], [])
+    config = json.loads((Path(target) / "config.json").read_text())
+    counted = config_shapes.weight_bytes(config, 4)
+    assert counted.outer == measured["target embeddings, norm and head"] - sum(
+        b.numel() * b.element_size() for b in model.model.rotary_emb.buffers())  # rotary tables: not weights
+    assert counted.num_layers * counted.layer == measured["target resident layers"]
+    assert config_shapes.shape_from_config(config, 4) == memory_plan.shape_of(runner)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mixtral"])
+def test_the_plan_is_the_engines_plan(pairs, arch):
+    """On CPU the engine's plan has no CUDA reserve; everything else (KV caches, logits, masks,
+    activations, workspaces) is the same arithmetic on the same inputs."""
+    target, draft = pairs[arch]
+    config = EngineConfig(model=ModelConfig(target=target, draft=draft, dtype="float32"),
+                          speculation=SpeculationConfig(budget=32),
+                          offload=OffloadConfig(enabled=True, resident_layers=1),
+                          limits=LimitsConfig(max_context=256, max_running=2, prefix_cache_slots=1))
+    engine = Engine.load(config)
+    try:
+        got = plan_pair(config, 10**12)
+        want = dataclasses.replace(engine.memory_plan_inputs(), kv_slots=got.inputs.kv_slots)
+        assert got.inputs.kv_slots == 3 and got.resident_layers == 1
+        assert dataclasses.replace(got.inputs, loaded={}, reserve_bytes=0) == dataclasses.replace(want, loaded={})
+        for name, nbytes in want.loaded.items():
+            assert abs(got.inputs.loaded[name] - nbytes) <= max(0.02 * nbytes, 64 * 1024), name
+    finally:
+        engine.close()
