@@ -14,6 +14,7 @@ from server.config import ServerConfig
 from server.errors import engine_down, loading, model_not_found
 from server.metrics import Metrics
 from server.prompt import PromptBuilder
+from server.sampling_defaults import sampling_defaults_for
 
 log = logging.getLogger("specexec.server")
 
@@ -43,6 +44,8 @@ class ServerState:
         self.created = int(time.time())  # /v1/models `created`: fixed for the life of the process
         self.draining = False  # set on SIGTERM/SIGINT: new requests get 503 (server/shutdown.py)
         self.in_flight = 0  # HTTP requests being answered (counted by server/shutdown.py's DrainGate)
+        # what a request's left-out sampling fields default to (server/sampling_defaults.py); set at attach
+        self.sampling_defaults: dict[str, float | int] = {}
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -100,6 +103,8 @@ class ServerState:
                 self._on_fatal(exc)
 
     def attach(self, engine: GenerationEngine) -> None:
+        self.sampling_defaults = sampling_defaults_for(self.server_config.generation_config,
+                                                       self.engine_config.model.target)
         self.prompt = PromptBuilder(
             engine.tokenizer,
             max_context=engine.max_context,
