@@ -38,6 +38,7 @@ from engine.offload.safetensors_index import read_index
 from engine.runtime import Engine
 from engine.types import Request, SamplingParams
 
+NAMED_TREES = 3.0  # speculation.specinfer_temperature above the API's largest temperature: no switch
 DEFAULT_BUDGETS = "16,32,64,128,256,512,1024"
 MODES = ("resident", "ram", "disk")
 METHODS = ("autoregressive", "specinfer", "specexec", "rrs")
@@ -118,6 +119,7 @@ def engine_config(args: argparse.Namespace, target: str, mode: str) -> EngineCon
         max_depth=args.max_depth,
         greedy_tree_temperature=args.greedy_tree_temperature,
         sampled_tree_temperature_scale=args.sampled_tree_temperature_scale,
+        specinfer_temperature=NAMED_TREES,  # each row's trees are the ones its method names
     )
     offload = OffloadConfig(
         enabled=mode != "resident",

@@ -1,7 +1,6 @@
-"""What shapes a request's RRS trees: an estimate of each would-be child's acceptance, and the score
-threshold that keeps a tree near its budget. Both are learned from the request's earlier steps only,
-and neither ever looks at the token a child would be, which is what keeps RRS exact
-(docs/design.md, "RRS trees").
+"""What shapes a request's RRS trees: an estimate of each would-be child's acceptance, learned from
+the request's earlier steps only, and never looking at the token a child would be, which is what
+keeps RRS exact (docs/design.md, "RRS trees").
 
 A node's score estimates the log-probability that the walk reaches it: its parent's score plus
 log beta(rank, pi), where rank is the child's index in the parent's draw without replacement and pi
@@ -27,12 +26,10 @@ RANK_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 NLL_EDGES = (0.05, 0.15, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 PRIOR_WEIGHT = 0.25  # pseudo-observations of the prior (pi) per cell
 MEMORY = 0.9  # each step's weight on the evidence so far (older steps fade)
-INITIAL_NODES = 4.0  # first step: threshold log(INITIAL_NODES / budget)
-RAISE = math.log(2.0)  # a tree that filled its budget while it could still grow: the threshold rises at least this
 
 
 class TreeShape:
-    """One request's acceptance model and score threshold (state between its steps)."""
+    """One request's acceptance model (state between its steps)."""
 
     def __init__(self, device: torch.device, decay: float = 1.0):
         self.log_decay = math.log(decay)
@@ -40,19 +37,12 @@ class TreeShape:
         self.nll_edges = torch.tensor(NLL_EDGES, device=device)
         self.sums = torch.zeros(len(RANK_EDGES) + 1, len(NLL_EDGES) + 1, device=device)  # [ranks, nlls]
         self.counts = torch.zeros_like(self.sums)
-        self.threshold: torch.Tensor | None = None  # [] score a child needs to enter; None: first step
-        self.filled = False  # the last tree's budget ran out while it could still grow (set by its growth)
-
-    def threshold_for(self, budget: int) -> torch.Tensor:
-        if self.threshold is None:
-            return torch.tensor(math.log(INITIAL_NODES / budget), device=self.sums.device)
-        return self.threshold
 
     def cells(self, ranked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ranked: [k, w] draft probabilities sorted descending -> (rank bucket, pi bucket), each [k, w]."""
-        ranks = torch.arange(1, ranked.shape[1] + 1, device=ranked.device).expand_as(ranked)
+        ranks = torch.arange(1, ranked.shape[1] + 1, device=ranked.device)
         nll = -ranked.clamp(min=1e-30).log()
-        return torch.bucketize(ranks, self.rank_edges), torch.bucketize(nll, self.nll_edges)
+        return torch.bucketize(ranks, self.rank_edges).expand_as(ranked), torch.bucketize(nll, self.nll_edges)
 
     def child_scores(self, scores: torch.Tensor, ranked: torch.Tensor) -> torch.Tensor:
         """scores: [k] nodes' scores; ranked: [k, w] their draft probabilities sorted descending.
@@ -64,11 +54,10 @@ class TreeShape:
         child = child.cummin(dim=-1).values
         return child.masked_fill(ranked <= 0, float("-inf"))
 
-    def observe(self, tree: Tree, node_log_probs: torch.Tensor, budget: int) -> None:
+    def observe(self, tree: Tree, node_log_probs: torch.Tensor) -> None:
         """Learn from a verified tree: each child's exact P(accepted first | parent reached)
-        (node_log_probs, rrs.child_log_probs) in its (rank, pi) cell, then the threshold at which this
-        tree's candidates (its nodes and every child its expanded nodes could have had), rescored,
-        number `budget`."""
+        (node_log_probs, rrs.child_log_probs) in its (rank, pi) cell, weighted by the probability
+        that the walk reaches its parent."""
         proposals = tree.proposals
         assert proposals is not None
         ranked = proposals.probs.sort(dim=-1, descending=True).values  # [n, w]
@@ -82,35 +71,3 @@ class TreeShape:
             weight = reach[parents]  # what matters is a child's acceptance where its parent is reached
             self.sums.mul_(MEMORY).view(-1).index_add_(0, flat, weight * node_log_probs[1:].exp())
             self.counts.mul_(MEMORY).view(-1).index_add_(0, flat, weight)
-        self.threshold = self.next_threshold(tree, ranked, budget)
-
-    def next_threshold(self, tree: Tree, ranked: torch.Tensor, budget: int) -> torch.Tensor:
-        """The budget-th best score among the tree's candidates under the current model (below the
-        worst of them by log 2 when there are fewer); at least RAISE above the last threshold when the
-        tree filled its budget while it could still grow (it grew too wide to grow deep)."""
-        estimate = self.candidate_threshold(tree, ranked, budget)
-        if self.filled and self.threshold is not None:
-            return torch.maximum(estimate, self.threshold + RAISE)
-        return estimate
-
-    def candidate_threshold(self, tree: Tree, ranked: torch.Tensor, budget: int) -> torch.Tensor:
-        scores = self.rescore(tree, ranked)
-        expanded = tree.draft_slots >= 0
-        candidates = self.child_scores(scores[expanded], ranked[expanded]).flatten()
-        candidates = candidates[candidates > float("-inf")]
-        if candidates.numel() >= budget:
-            return candidates.topk(budget).values[-1]
-        if candidates.numel() == 0:
-            return self.threshold_for(budget)
-        return candidates.min() - math.log(2.0)
-
-    def rescore(self, tree: Tree, ranked: torch.Tensor) -> torch.Tensor:
-        """[n] every node's score under the current model (a sum over its path)."""
-        proposals = tree.proposals
-        assert proposals is not None
-        step = torch.zeros(tree.num_nodes, device=ranked.device)
-        if tree.num_nodes > 1:
-            parents = tree.parents[1:]
-            child = self.child_scores(torch.zeros(parents.shape[0], device=ranked.device), ranked[parents])
-            step[1:] = child.gather(1, proposals.ranks[1:, None]).squeeze(1)
-        return tree.ancestors.float() @ step

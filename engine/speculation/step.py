@@ -16,6 +16,7 @@ from engine.speculation.draft import Drafter, GrowLimits, Growth, grow_sampled_t
 from engine.speculation.logprobs import emitted_logprobs, unpack_logprobs
 from engine.speculation.overlap import SEEDED_FORWARDS, commit_draft, extension
 from engine.speculation.rrs import verify_rrs
+from engine.speculation.rrs_growth import CHILDREN as RRS_CHILDREN
 from engine.speculation.rrs_growth import grow_rrs_tree
 from engine.speculation.rrs_shape import TreeShape
 from engine.speculation.sampling import NodeLogits, position_noise
@@ -94,7 +95,7 @@ def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
             if seq.tree_shape is None:
                 seq.tree_shape = TreeShape(ctx.target_cache.device, ctx.spec.decay)
             growth = grow_rrs_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec.max_expand,
-                                   ctx.spec.max_children, limits, seq.tree_shape, seq.generator, mask)
+                                   RRS_CHILDREN, limits, seq.tree_shape, seq.generator, mask)
         else:
             growth = grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits, mask,
                                seed, SEEDED_FORWARDS)
@@ -221,7 +222,7 @@ def commit_step(
     seq.expected_accepted = expected_accepted(seq, tree)
     seq.step_logprobs = unpack_logprobs(summary[lp_begin:], num_new) if seq.params.logprobs is not None else None
     if seq.tree_shape is not None and tree.proposals is not None and verdict.node_log_probs is not None:
-        seq.tree_shape.observe(tree, verdict.node_log_probs, ctx.budget)
+        seq.tree_shape.observe(tree, verdict.node_log_probs)
     seq.token_ids.extend(new_ids)
     accept_committed(seq, new_ids)
     return new_ids
