@@ -38,9 +38,11 @@ def target_on_rows(
     live = proposals.probs > 0  # [n, w] the row's proposal tokens (distinct within a row)
     for rows in blocks(num_nodes, rows_per_block):
         probs = logits[rows].float().softmax(dim=-1)  # [rows, vocab]
-        ids = proposals.token_ids[rows]
+        # a row's entries of q = 0 may name ids past the target's vocabulary (a padded draft): read as 0
+        ids = proposals.token_ids[rows].clamp(max=probs.shape[1] - 1)
         on_row[rows] = probs.gather(1, ids) * live[rows]
-        probs.scatter_(1, ids, probs.gather(1, ids) * ~live[rows])  # the row's live tokens to 0
+        on_tokens = torch.zeros_like(probs).scatter_add_(1, ids, live[rows].float()) > 0  # [rows, vocab]
+        probs.masked_fill_(on_tokens, 0.0)  # the row's live tokens (distinct) to 0
         off_mass[rows] = probs.sum(dim=-1)
         noise = torch.empty_like(probs).exponential_(generator=generator)
         off_token[rows] = probs.div_(noise).argmax(dim=-1)

@@ -49,6 +49,9 @@ def sampled(temperature: float, seed: int | None = 3) -> SamplingParams:
         ("specexec", False, 2.0, False, NAMED_TREES, "specexec"),
         ("specinfer", False, 0.3, True, 0.85, "specinfer"),
         ("autoregressive", False, 1.0, False, 0.85, "autoregressive"),
+        ("rrs", True, 0.0, False, 0.85, "specexec"),  # greedy: SpecExec's trees, what RRS reduces to at T = 0
+        ("rrs", False, 0.3, True, 0.85, "rrs"),
+        ("rrs", False, 1.0, False, 0.85, "rrs"),
     ],
 )
 def test_tree_method(method, greedy, temperature, seeded, switch, want) -> None:
