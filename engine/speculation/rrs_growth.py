@@ -45,18 +45,23 @@ def draft_sampling(params: SamplingParams) -> SamplingParams:
 
 
 def draw_proposals(
-    logits: torch.Tensor, params: SamplingParams, width: int, generator: torch.Generator
+    logits: torch.Tensor, params: SamplingParams, width: int, children: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[k, vocab] draft logits -> (token ids [k, w] in the order of one draw without replacement from
-    q, their q [k, w], q sorted descending [k, w]). q is the processed distribution cut to its top w
-    tokens, renormalised; tokens of probability 0 come last (and are never children). A row where
-    nothing is allowed gives q = 0 everywhere."""
+    """[k, vocab] draft logits -> (token ids [k, w], their q [k, w], q sorted descending [k, w]). q is
+    the processed distribution cut to its top w tokens, renormalised. The first `children` entries
+    of a row are the first draws of one draw without replacement from q, in order (tokens of
+    probability 0 last: never children); the rest of the row, the tokens not drawn, in any order. A
+    row where nothing is allowed gives q = 0 everywhere."""
     probs = process_logits(logits, params).softmax(dim=-1).nan_to_num(0.0)  # [k, vocab]
     ranked, top_ids = probs.topk(min(width, probs.shape[1]), dim=-1)  # [k, w] descending
     ranked = ranked / ranked.sum(dim=-1, keepdim=True).clamp(min=1e-30)
     gumbel = -torch.empty_like(ranked).exponential_(generator=generator).clamp(min=1e-30).log()
     keys = torch.where(ranked > 0, ranked.log() + gumbel, float("-inf"))
-    order = keys.argsort(dim=-1, descending=True)
+    num_rows, row_width = keys.shape
+    first = keys.topk(min(children, row_width), dim=-1).indices  # [k, m] the draws, in order
+    taken = torch.zeros_like(keys, dtype=torch.bool).scatter_(1, first, True)
+    rest = (~taken).nonzero()[:, 1].view(num_rows, row_width - first.shape[1])  # row-major: each row's own
+    order = torch.cat([first, rest], dim=1)
     return top_ids.gather(1, order), ranked.gather(1, order), ranked
 
 
@@ -162,7 +167,7 @@ def grow_rrs_tree(
     for forward in range(limits.max_depth):
         if mask is not None:
             logits = restrict(logits, mask(tree, picks))
-        ids, probs, ranked = draw_proposals(logits, draft_params, PROPOSAL_WIDTH, generator)
+        ids, probs, ranked = draw_proposals(logits, draft_params, PROPOSAL_WIDTH, max_children, generator)
         pool.add_rows(expanded, ids, probs, shape.child_scores(pool.scores[expanded], ranked[:, :max_children]))
         chosen = pool.best(limits.budget + 1)
         if forward == limits.max_depth - 1:
