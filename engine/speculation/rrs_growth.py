@@ -160,6 +160,10 @@ def grow_rrs_tree(
     draft_params = draft_sampling(params)
     logits = yield from drafter.catch_up(pending_ids, root_id)
     device = logits.device
+    # a fixed cap per forward that the draft cache's room always covers: room running out mid-growth
+    # would make later expansions depend on how many earlier ones there were, candidates ordered
+    # after a node among them (so on its token), which the exactness argument above excludes
+    max_expand = min(max_expand, drafter.room() // max(limits.max_depth - 1, 1))
     pool = Candidates.root(root_id, drafter.cache.length, device)
     expanded = torch.zeros(1, dtype=torch.long, device=device)  # candidates whose rows `logits` holds
     chosen, picks = expanded, expanded  # picks: their positions in `tree`
@@ -174,7 +178,7 @@ def grow_rrs_tree(
             break
         expandable = (pool.rows[chosen] < 0) & ~limits.stop_mask[pool.token_ids[chosen]]
         expandable &= pool.depths[chosen] < limits.max_depth
-        picks = expandable.nonzero().squeeze(1)[: min(max_expand, drafter.room())]  # host sync
+        picks = expandable.nonzero().squeeze(1)[:max_expand]  # host sync
         if picks.numel() == 0:
             break
         tree = pool.tree(chosen)
