@@ -38,9 +38,10 @@ from engine.offload.safetensors_index import read_index
 from engine.runtime import Engine
 from engine.types import Request, SamplingParams
 
+NAMED_TREES = 3.0  # speculation.specinfer_temperature above the API's largest temperature: no switch
 DEFAULT_BUDGETS = "16,32,64,128,256,512,1024"
 MODES = ("resident", "ram", "disk")
-METHODS = ("autoregressive", "specinfer", "specexec")
+METHODS = ("autoregressive", "specinfer", "specexec", "rrs")
 WARMUP_TOKENS = 8  # --budget auto's warm-up request per temperature (explores the largest budget first)
 
 
@@ -118,6 +119,7 @@ def engine_config(args: argparse.Namespace, target: str, mode: str) -> EngineCon
         max_depth=args.max_depth,
         greedy_tree_temperature=args.greedy_tree_temperature,
         sampled_tree_temperature_scale=args.sampled_tree_temperature_scale,
+        specinfer_temperature=NAMED_TREES,  # each row's trees are the ones its method names
     )
     offload = OffloadConfig(
         enabled=mode != "resident",
@@ -231,7 +233,7 @@ def configs_for(args: argparse.Namespace) -> list[tuple[str, int | str]]:
     if "autoregressive" in args.methods:
         out.append(("autoregressive", 1))
     for budget in args.budgets:
-        out += [(m, budget) for m in ("specinfer", "specexec") if m in args.methods]
+        out += [(m, budget) for m in ("specinfer", "specexec", "rrs") if m in args.methods]
     if not args.no_auto and "specexec" in args.methods:
         out.append(("specexec", "auto"))
     return out

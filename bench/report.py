@@ -45,7 +45,7 @@ MODE_LABELS = {
     "ram": "target streamed from RAM",
     "disk": "target streamed from disk, pages evicted",
 }
-METHOD_LABELS = {"autoregressive": "Autoregressive", "specinfer": "SpecInfer", "specexec": "SpecExec"}
+METHOD_LABELS = {"autoregressive": "Autoregressive", "specinfer": "SpecInfer", "specexec": "SpecExec", "rrs": "RRS"}
 
 
 def ratio_with_se(numerators: list[float], denominators: list[float]) -> tuple[float, float]:
@@ -259,7 +259,7 @@ def plot(
         for j, temperature in enumerate(temperatures):
             ax = axes[i][j]
             sel = [r for r in rows if r["mode"] == mode and r["temperature"] == temperature]
-            for method in ("specexec", "specinfer"):
+            for method in ("specexec", "specinfer", "rrs"):
                 pts = sorted(
                     (r["budget"], r[key], r.get(f"{key}_se") or 0.0)
                     for r in sel

@@ -26,7 +26,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
     "--gptq-kernel": ("model", "gptq_kernel", str, "GPTQ checkpoints: int4 (torch's int4 matmul), dequantize "
                       "(gptqmodel's torch kernel, the whole matrix per call) or auto (int4 on CPU unless the "
                       "target streams from disk; dequantize on CUDA)"),
-    "--method": ("speculation", "method", str, "specexec, specinfer or autoregressive (no draft)"),
+    "--method": ("speculation", "method", str, "specexec, specinfer, rrs or autoregressive (no draft)"),
     "--budget": ("speculation", "budget", str, "draft tokens per tree, or auto (measured at startup and from traffic)"),
     "--max-expand": ("speculation", "max_expand", int, "K: leaves expanded per draft forward"),
     "--max-children": ("speculation", "max_children", int, "w: children proposed per expanded node"),
@@ -55,7 +55,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                         "prompt tokens a joining request writes per pass while others decode; 0: auto "
                         "(keeps a pass within twice its cost)"),
 }
-CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "autoregressive"),
+CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "rrs", "autoregressive"),
            "--offload-source": ("ram", "disk"), "--overlap": ("on", "off"),
            "--gptq-kernel": ("auto", "int4", "dequantize")}
 

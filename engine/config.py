@@ -16,7 +16,7 @@ from typing import Literal
 
 from engine.types import ConfigError
 
-Method = Literal["specexec", "specinfer", "autoregressive"]
+Method = Literal["specexec", "specinfer", "rrs", "autoregressive"]
 EXTENSION_FACTOR = 2  # overlap: a tree grows on during its pass to this many times its budget
 OffloadSource = Literal["ram", "disk"]
 
@@ -88,6 +88,8 @@ class SpeculationConfig:
         """The trees a request's steps grow: `method`, except specexec's switch for hot unseeded requests."""
         if self.method == "specexec" and not greedy and not seeded and temperature >= self.specinfer_temperature:
             return "specinfer"
+        if self.method == "rrs" and greedy:
+            return "specexec"
         return self.method
 
     def describe(self) -> str:
@@ -101,9 +103,9 @@ class SpeculationConfig:
 
     def __post_init__(self) -> None:
         require(
-            self.method in ("specexec", "specinfer", "autoregressive"),
+            self.method in ("specexec", "specinfer", "rrs", "autoregressive"),
             "speculation.method",
-            f"must be specexec, specinfer or autoregressive, got {self.method!r}",
+            f"must be specexec, specinfer, rrs or autoregressive, got {self.method!r}",
         )
         require(
             self.budget == "auto" or (isinstance(self.budget, int) and self.budget >= 1),

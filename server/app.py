@@ -132,7 +132,10 @@ async def metrics(request: Request) -> Response:
 
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": state.created, "owned_by": "specexec"}
+    """An OpenAI model object, plus `sampling_defaults`: what a request's left-out sampling fields
+    default to (from the target's generation_config.json; {} with --generation-config none)."""
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "specexec",
+            "sampling_defaults": state.sampling_defaults}
 
 
 async def list_models(request: Request) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from engine.config import require
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 TOOL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "none")  # server/toolcalls/parsers.py
 API_KEY_ENV = "SPECEXEC_API_KEY"
+GENERATION_CONFIG = ("auto", "none")  # where left-out sampling fields come from (server/sampling_defaults.py)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class ServerConfig:
     read_timeout: float = 10.0  # seconds to send the request headers, and most seconds of silence in a body
     shutdown_timeout: float = 10.0  # seconds running requests get to finish after SIGTERM/SIGINT
     grammar_timeout: float = 10.0  # seconds a request's grammar may take to compile; longer: a 400
+    # auto: a request's left-out temperature/top_p/top_k/min_p/repetition_penalty take the values the
+    # target's generation_config.json sets (as vLLM); none: the API's own defaults
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.cors_origins, list):
@@ -77,6 +81,8 @@ class ServerConfig:
             f"must be > 0, got {self.ping_seconds!r}",
         )
         require(self.log_level in LOG_LEVELS, "server.log_level", f"must be one of {', '.join(LOG_LEVELS)}")
+        require(self.generation_config in GENERATION_CONFIG, "server.generation_config",
+                f"must be one of {', '.join(GENERATION_CONFIG)}, got {self.generation_config!r}")
         require(self.tool_parser in TOOL_PARSERS, "server.tool_parser", f"must be one of {', '.join(TOOL_PARSERS)}")
         self._check_limits()
 

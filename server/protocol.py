@@ -157,6 +157,12 @@ class SamplingRequest(_Model):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def with_defaults(self, defaults: dict[str, Any]) -> SamplingRequest:
+        """A copy whose fields named in `defaults` (server/sampling_defaults.py: the target's
+        generation_config.json) take the default where this request left them out or sent null."""
+        missing = {name: value for name, value in defaults.items() if getattr(self, name) is None}
+        return self.model_copy(update=missing) if missing else self
+
     def to_sampling_params(self, max_tokens: int, vocab_size: int) -> SamplingParams:
         """The engine's parameters; `max_tokens` is already resolved against the context, token ids
         are checked against `vocab_size` (a 400 naming the field)."""

@@ -15,6 +15,7 @@ from server.errors import engine_down, loading, model_not_found
 from server.metrics import Metrics
 from server.preparation import Preparation
 from server.prompt import PromptBuilder
+from server.sampling_defaults import sampling_defaults_for
 
 log = logging.getLogger("specexec.server")
 
@@ -46,6 +47,8 @@ class ServerState:
         self.in_flight = 0  # HTTP requests being answered (counted by server/shutdown.py's DrainGate)
         self.cut_off = asyncio.Event()  # set when a drain's grace period ends: bodies still uploading get 503
         self.preparation = Preparation(server_config.grammar_timeout)  # parse/tokenize/compile threads
+        # what a request's left-out sampling fields default to (server/sampling_defaults.py); set at attach
+        self.sampling_defaults: dict[str, float | int] = {}
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -103,6 +106,8 @@ class ServerState:
                 self._on_fatal(exc)
 
     def attach(self, engine: GenerationEngine) -> None:
+        self.sampling_defaults = sampling_defaults_for(self.server_config.generation_config,
+                                                       self.engine_config.model.target)
         self.prompt = PromptBuilder(
             engine.tokenizer,
             max_context=engine.max_context,

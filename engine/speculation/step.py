@@ -15,6 +15,10 @@ from engine.speculation.budget import acceptance_curve, node_indicator
 from engine.speculation.draft import Drafter, GrowLimits, Growth, grow_sampled_tree, grow_tree
 from engine.speculation.logprobs import emitted_logprobs, unpack_logprobs
 from engine.speculation.overlap import SEEDED_FORWARDS, commit_draft, extension
+from engine.speculation.rrs import verify_rrs
+from engine.speculation.rrs_growth import CHILDREN as RRS_CHILDREN
+from engine.speculation.rrs_growth import grow_rrs_tree
+from engine.speculation.rrs_shape import TreeShape
 from engine.speculation.sampling import NodeLogits, position_noise
 from engine.speculation.tree import Tree
 from engine.speculation.verify import Verdict, path_probabilities, verify_specinfer, verify_tree
@@ -41,6 +45,7 @@ class SequenceState:
     expected_accepted: float | None = None  # last step's E[accepted draft tokens | its tree]; None: sampled SpecInfer
     step_logprobs: list[TokenLogprob] | None = None  # last step's, one per new token (params.logprobs set)
     grammar: GrammarState | None = None  # structured output: the grammar after the committed tokens
+    tree_shape: TreeShape | None = None  # RRS trees: the acceptance model and threshold learned so far
 
     @property
     def root_id(self) -> int:
@@ -86,6 +91,11 @@ def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
         limits = GrowLimits(budget=ctx.budget, max_depth=max_depth, stop_mask=ctx.stop_mask)
         if ctx.spec.method == "specinfer":
             growth = grow_sampled_tree(ctx.drafter, seq.root_id, pending, seq.params, limits, seq.generator, mask)
+        elif ctx.spec.method == "rrs":
+            if seq.tree_shape is None:
+                seq.tree_shape = TreeShape(ctx.target_cache.device, ctx.spec.decay)
+            growth = grow_rrs_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec.max_expand,
+                                   RRS_CHILDREN, limits, seq.tree_shape, seq.generator, mask)
         else:
             growth = grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits, mask,
                                seed, SEEDED_FORWARDS)
@@ -141,6 +151,8 @@ def verify_step(
     with_log_probs = track_acceptance and not params.greedy
     if tree.draft_probs is not None and not params.greedy:
         return verify_specinfer(tree, nodes, generator, rows_per_block, with_log_probs)
+    if tree.proposals is not None and not params.greedy:
+        return verify_rrs(tree, nodes, generator, rows_per_block)
     return verify_tree(tree, nodes, params.greedy, generator, rows_per_block, with_log_probs, noise)
 
 
@@ -155,9 +167,10 @@ def step_curve(ctx: StepContext, seq: SequenceState, tree: Tree, verdict: Verdic
 
 
 def expected_accepted(seq: SequenceState, tree: Tree) -> float | None:
-    """E[accepted draft tokens] of the step's tree under sample-and-match: the sum over non-root nodes
-    of the target's path probability (the last entry of the curve; greedy: the argmax path's length).
-    None when not tracked, and for sampled SpecInfer trees (rejection sampling accepts differently)."""
+    """E[accepted draft tokens] of the step's tree: the sum over non-root nodes of the probability that
+    verification accepts them (the last entry of the curve): sample-and-match, the target's path
+    probability; RRS trees, the product of each step's acceptance; greedy: the argmax path's length.
+    None when not tracked, and for sampled SpecInfer trees (not computed for them)."""
     if seq.acceptance_curve is None or (tree.draft_probs is not None and not seq.params.greedy):
         return None
     return seq.acceptance_curve[-1] if seq.acceptance_curve else 0.0
@@ -175,8 +188,8 @@ def step_depth(ctx: StepContext, seq: SequenceState) -> int:
 
 
 def step_noise(ctx: StepContext, seq: SequenceState, tree: Tree, vocab_size: int) -> torch.Tensor | None:
-    """Sample-and-match noise keyed by (seed, position): None for greedy and SpecInfer trees."""
-    if seq.params.greedy or tree.draft_probs is not None:
+    """Sample-and-match noise keyed by (seed, position): None for greedy, SpecInfer and RRS trees."""
+    if seq.params.greedy or tree.draft_probs is not None or tree.proposals is not None:
         return None
     seed = seq.generator.initial_seed()
     return position_noise(seed, len(seq.token_ids), step_depth(ctx, seq) + 1, vocab_size, ctx.target_cache.device)
@@ -208,6 +221,8 @@ def commit_step(
     seq.acceptance_curve = summary[num_new:lp_begin] if ctx.track_acceptance else None
     seq.expected_accepted = expected_accepted(seq, tree)
     seq.step_logprobs = unpack_logprobs(summary[lp_begin:], num_new) if seq.params.logprobs is not None else None
+    if seq.tree_shape is not None and tree.proposals is not None and verdict.node_log_probs is not None:
+        seq.tree_shape.observe(tree, verdict.node_log_probs)
     seq.token_ids.extend(new_ids)
     accept_committed(seq, new_ids)
     return new_ids

@@ -8,6 +8,17 @@ import torch
 
 
 @dataclass
+class Proposals:
+    """RRS trees (engine.speculation.rrs_growth): at every expanded node, the draft's proposal
+    distribution q (its processed distribution cut to its top w tokens, renormalised) in the order of
+    one draw without replacement (Gumbel top-k). A node's children are a prefix of its row."""
+
+    token_ids: torch.Tensor  # [n, w] long, in draw order; rows of unexpanded nodes: 0
+    probs: torch.Tensor  # [n, w] float, q of token_ids; 0 where q is 0 and at unexpanded nodes
+    ranks: torch.Tensor  # [n] long, each node's index in its parent's row (root: 0)
+
+
+@dataclass
 class Tree:
     token_ids: torch.Tensor  # [n] long
     parents: torch.Tensor  # [n] long, -1 at the root
@@ -22,6 +33,7 @@ class Tree:
     child_lp: torch.Tensor | None = None
     child_ids: torch.Tensor | None = None
     extension_forwards: int = 0  # draft forwards an extension spent growing this tree during a pass (overlap)
+    proposals: Proposals | None = None  # RRS trees: the draft's proposals at every expanded node
 
     @property
     def num_nodes(self) -> int:

@@ -23,7 +23,9 @@ Logits = torch.Tensor | NodeLogits  # [n, vocab] processed target logits; `logit
 class Verdict:
     path: torch.Tensor  # [m] node indices root..last accepted, in depth order
     bonus_id: torch.Tensor  # [] long, the target's token after the last accepted node
-    node_log_probs: torch.Tensor | None = None  # [n] log p(node's token | parent's path), root 0 (budget auto)
+    # [n] log P(verification accepts the node | it accepts its parent), root 0 (budget auto): under
+    # sample-and-match the target's log p(node's token | parent's path); RRS trees: rrs.child_log_probs
+    node_log_probs: torch.Tensor | None = None
 
 
 def add_child_log_probs(tree: Tree, block: torch.Tensor, rows: slice, node_lp: torch.Tensor) -> torch.Tensor:

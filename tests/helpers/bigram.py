@@ -1,5 +1,5 @@
 """A bigram draft (a fixed logits table) driving the engine's real tree builders: the best-first
-search loop (SpecExec) and the sampled-chains builder (SpecInfer)."""
+search loop (SpecExec), the sampled-chains builder (SpecInfer) and RRS trees' growth."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from engine.speculation.draft import (
     run_growth,
     search_from_root,
 )
+from engine.speculation.rrs_growth import grow_rrs_tree
+from engine.speculation.rrs_shape import TreeShape
 from engine.speculation.tree import Tree
 from engine.types import SamplingParams
 
@@ -57,6 +59,7 @@ class BigramDrafter:
         yield  # like Drafter's, a generator; it needs no draft forward
 
     def expand(self, tree: Tree, selected: torch.Tensor) -> Iterator[Segment]:
+        tree.draft_slots[selected] = 1  # expanded, as Drafter.expand marks them (its slots are never read here)
         return self.table[tree.token_ids[selected]].clone()
         yield
 
@@ -77,3 +80,21 @@ def bigram_sampled_tree(
     """The SpecInfer tree the engine builds (grow_sampled_tree) over the bigram draft."""
     limits = GrowLimits(budget=budget, max_depth=max_depth, stop_mask=stop_mask)
     return run_growth(None, grow_sampled_tree(BigramDrafter(table), root, [], params, limits, generator, mask))
+
+
+def bigram_rrs_tree(
+    table: torch.Tensor,
+    root: int,
+    params: SamplingParams,
+    spec: SpeculationConfig,
+    budget: int,
+    stop_mask: torch.Tensor,
+    generator: torch.Generator,
+    shape: TreeShape,
+    mask: MaskFn | None = None,
+) -> Tree:
+    """The RRS tree the engine grows (grow_rrs_tree) over the bigram draft, shaped by `shape`."""
+    limits = GrowLimits(budget=budget, max_depth=spec.max_depth, stop_mask=stop_mask)
+    growth = grow_rrs_tree(BigramDrafter(table), root, [], params, spec.max_expand, spec.max_children, limits,
+                           shape, generator, mask)
+    return run_growth(None, growth)

@@ -2,7 +2,7 @@
 
 A bigram target and draft (fixed logits tables over the tiny tokenizer's vocabulary) drive the real
 tree builders with the grammar's draft masks (best_first_search for SpecExec, grow_sampled_tree for
-SpecInfer), the grammar's node masks in verification, and `GrammarState.accept` between steps, until
+SpecInfer, grow_rrs_tree for RRS trees), the grammar's node masks in verification, and `GrammarState.accept` between steps, until
 EOS. The grammar is a regex with four words; the exact distribution over token sequences is
 enumerated here without xgrammar: after text s, a token t is allowed iff s + text(t) is a prefix of
 a word, and EOS iff s is a word; each step's probability is reference_probs (tests/speculation/
@@ -16,11 +16,12 @@ import torch
 
 from engine.config import SpeculationConfig
 from engine.speculation.grammar import GrammarCache, GrammarState
+from engine.speculation.rrs_shape import TreeShape
 from engine.speculation.sampling import make_generator
 from engine.speculation.step import verify_step
 from engine.speculation.tree import Tree
 from engine.types import SamplingParams, StructuredOutput
-from tests.helpers.bigram import bigram_sampled_tree, bigram_tree
+from tests.helpers.bigram import bigram_rrs_tree, bigram_sampled_tree, bigram_tree
 from tests.helpers.tiny_models import build_tokenizer
 from tests.speculation.test_sampling_exactness import chi_square_p, reference_probs
 
@@ -47,6 +48,12 @@ def specexec_tree(root: int, state: GrammarState, params: SamplingParams, gen: t
 
 def specinfer_tree(root: int, state: GrammarState, params: SamplingParams, gen: torch.Generator) -> Tree:
     return bigram_sampled_tree(DRAFT, root, params, 9, SPEC.max_depth, STOP, gen, state.masks_for)
+
+
+def rrs_tree(root: int, state: GrammarState, params: SamplingParams, gen: torch.Generator) -> Tree:
+    """A fresh TreeShape per step (its first-step shape); test_rrs_exactness covers the learned ones."""
+    return bigram_rrs_tree(DRAFT, root, params, SPEC, SPEC.budget, STOP, gen, TreeShape(torch.device("cpu")),
+                           state.masks_for)
 
 
 def constrained_sample(make_tree, cache: GrammarCache, params: SamplingParams, gen: torch.Generator,
@@ -117,8 +124,9 @@ def test_the_reference_language_is_what_the_grammar_accepts(cache):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("make_tree", "params"), [(specexec_tree, PLAIN), (specexec_tree, SHAPED),
-                                                   (specinfer_tree, PLAIN)],
-                         ids=["specexec-t1.0", "specexec-t0.7-topk-repetition", "specinfer-t1.0"])
+                                                   (specinfer_tree, PLAIN), (rrs_tree, PLAIN), (rrs_tree, SHAPED)],
+                         ids=["specexec-t1.0", "specexec-t0.7-topk-repetition", "specinfer-t1.0", "rrs-t1.0",
+                              "rrs-t0.7-topk-repetition"])
 def test_constrained_samples_follow_the_constrained_target(cache, make_tree, params):
     gen = make_generator(2025, torch.device("cpu"))
     samples = [constrained_sample(make_tree, cache, params, gen) for _ in range(NUM_SAMPLES)]

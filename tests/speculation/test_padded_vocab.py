@@ -90,7 +90,7 @@ def test_batched_greedy_equals_the_target_alone(padded_pair, references, offload
     assert [got[request.request_id] for request in requests] == references
 
 
-@pytest.mark.parametrize("method", ["specexec", "specinfer"])
+@pytest.mark.parametrize("method", ["specexec", "specinfer", "rrs"])
 def test_seeded_sampling_stays_in_the_target_vocabulary(padded_pair, method) -> None:
     engine = load(padded_pair, method)
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=NEW_TOKENS, ignore_eos=True)

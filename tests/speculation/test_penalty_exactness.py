@@ -150,7 +150,7 @@ def reference_distribution(model, prompt: list[int], params: SamplingParams) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("method", "budget"), [("specexec", 1), ("specexec", 4), ("specinfer", 4)])
+@pytest.mark.parametrize(("method", "budget"), [("specexec", 1), ("specexec", 4), ("specinfer", 4), ("rrs", 4), ("rrs", 16)])
 def test_sampled_with_penalties_follows_the_reference(small_vocab_pair, method, budget):
     """Every step after the first has a generated root: a root counted twice shifts the K-token law."""
     target_dir, draft_dir = small_vocab_pair
@@ -182,7 +182,7 @@ def padded_draft_pair(tmp_path_factory) -> tuple[str, str]:
     return save_pair(target, draft, tokenizer, tmp_path_factory.mktemp("padded-draft"))
 
 
-@pytest.mark.parametrize("method", ["specexec", "specinfer"])
+@pytest.mark.parametrize("method", ["specexec", "specinfer", "rrs"])
 def test_a_draft_with_a_larger_vocabulary_drafts_only_target_tokens(padded_draft_pair, method):
     target_dir, draft_dir = padded_draft_pair
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()

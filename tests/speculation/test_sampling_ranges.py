@@ -38,7 +38,7 @@ def engine(tmp_path_factory) -> Engine:
     ))
 
 
-@pytest.mark.parametrize("method", ["specexec", "specinfer"])
+@pytest.mark.parametrize("method", ["specexec", "specinfer", "rrs"])
 def test_the_engine_decodes_a_tiny_temperature_greedily(engine, method):
     engine = engine.with_speculation(SpeculationConfig(method=method, budget=16, specinfer_temperature=NAMED_TREES))
     prompt = [5, 6, 7, 8]

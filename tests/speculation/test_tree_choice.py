@@ -49,6 +49,9 @@ def sampled(temperature: float, seed: int | None = 3) -> SamplingParams:
         ("specexec", False, 2.0, False, NAMED_TREES, "specexec"),
         ("specinfer", False, 0.3, True, 0.85, "specinfer"),
         ("autoregressive", False, 1.0, False, 0.85, "autoregressive"),
+        ("rrs", True, 0.0, False, 0.85, "specexec"),  # greedy: SpecExec's trees, what RRS reduces to at T = 0
+        ("rrs", False, 0.3, True, 0.85, "rrs"),
+        ("rrs", False, 1.0, False, 0.85, "rrs"),
     ],
 )
 def test_tree_method(method, greedy, temperature, seeded, switch, want) -> None:
@@ -106,3 +109,25 @@ def test_both_kinds_of_tree_share_a_pass_and_stay_exact(pair) -> None:
     assert tokens["greedy"] == reference_greedy(model, PROMPTS[0], 24)
     assert tokens["seeded"] == seeded_alone  # seeded draws do not depend on the batch
     assert len(tokens["hot"]) == 24
+
+
+def test_rrs_trees_share_a_pass_with_greedy_and_a_seed_repeats_alone(pair) -> None:
+    """method rrs: greedy requests grow SpecExec trees and equal transformers' greedy while sampled
+    RRS requests share their passes; a seeded sampled request repeats when run alone again (its seed
+    fixes its random stream, README "Seeds")."""
+    engine = load(pair, method="rrs")
+    model = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32)
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    seeded_alone = engine.generate_ids(PROMPTS[1], sampled(0.8))
+    assert engine.generate_ids(PROMPTS[1], sampled(0.8)) == seeded_alone
+    requests = [Request("greedy", PROMPTS[0], greedy), Request("hot", PROMPTS[2], sampled(1.0, seed=None))]
+    for request in requests:
+        engine.add_request(request)
+    out: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    while engine.num_running:
+        step = engine.step()
+        assert not step.failures
+        for delta in step.deltas:
+            out[delta.request_id].extend(delta.token_ids)
+    assert out["greedy"] == reference_greedy(model, PROMPTS[0], 24)
+    assert len(out["hot"]) == 24

@@ -1,0 +1,73 @@
+"""What shapes a request's RRS trees: an estimate of each would-be child's acceptance, learned from
+the request's earlier steps only, and never looking at the token a child would be, which is what
+keeps RRS exact (docs/design.md, "RRS trees").
+
+A node's score estimates the log-probability that the walk reaches it: its parent's score plus
+log beta(rank, pi), where rank is the child's index in the parent's draw without replacement and pi
+the rank-th largest draft probability at the parent (both known before the child is drawn). beta is
+the mean, over earlier steps' trees, of P(the walk accepts that child first | it reached the parent)
+in the (rank, pi) cell, which verification computes exactly at every node (rrs.child_log_probs),
+each weighted by the probability that the walk reaches the parent.
+Before a cell has data it is pi itself: the draft's own path probability, as SpecExec scores nodes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.speculation.tree import Tree
+from engine.speculation.verify import path_probabilities
+
+# 1-based rank r falls in the first bucket whose edge is >= r: ranks 1, 2, 3, 4, 5-6, 7-8, ... 49+
+RANK_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
+# -log(pi) falls in the first bucket whose edge is >= it
+NLL_EDGES = (0.05, 0.15, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+PRIOR_WEIGHT = 0.25  # pseudo-observations of the prior (pi) per cell
+MEMORY = 0.9  # each step's weight on the evidence so far (older steps fade)
+
+
+class TreeShape:
+    """One request's acceptance model (state between its steps)."""
+
+    def __init__(self, device: torch.device, decay: float = 1.0):
+        self.log_decay = math.log(decay)
+        self.rank_edges = torch.tensor(RANK_EDGES, device=device)
+        self.nll_edges = torch.tensor(NLL_EDGES, device=device)
+        self.sums = torch.zeros(len(RANK_EDGES) + 1, len(NLL_EDGES) + 1, device=device)  # [ranks, nlls]
+        self.counts = torch.zeros_like(self.sums)
+
+    def cells(self, ranked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ranked: [k, w] draft probabilities sorted descending -> (rank bucket, pi bucket), each [k, w]."""
+        ranks = torch.arange(1, ranked.shape[1] + 1, device=ranked.device)
+        nll = -ranked.clamp(min=1e-30).log()
+        return torch.bucketize(ranks, self.rank_edges).expand_as(ranked), torch.bucketize(nll, self.nll_edges)
+
+    def child_scores(self, scores: torch.Tensor, ranked: torch.Tensor) -> torch.Tensor:
+        """scores: [k] nodes' scores; ranked: [k, w] their draft probabilities sorted descending.
+        Returns [k, w]: the score each node's child of rank i would get, non-increasing in i (so the
+        children a threshold admits are a prefix of the draw), -inf where pi is 0."""
+        rank_cell, nll_cell = self.cells(ranked)
+        beta = (self.sums[rank_cell, nll_cell] + PRIOR_WEIGHT * ranked) / (self.counts[rank_cell, nll_cell] + PRIOR_WEIGHT)
+        child = scores[:, None] + beta.clamp(min=1e-30).log() + self.log_decay
+        child = child.cummin(dim=-1).values
+        return child.masked_fill(ranked <= 0, float("-inf"))
+
+    def observe(self, tree: Tree, node_log_probs: torch.Tensor) -> None:
+        """Learn from a verified tree: each child's exact P(accepted first | parent reached)
+        (node_log_probs, rrs.child_log_probs) in its (rank, pi) cell, weighted by the probability
+        that the walk reaches its parent."""
+        proposals = tree.proposals
+        assert proposals is not None
+        ranked = proposals.probs.sort(dim=-1, descending=True).values  # [n, w]
+        if tree.num_nodes > 1:
+            parents, ranks = tree.parents[1:], proposals.ranks[1:]
+            rank_cell, nll_cell = self.cells(ranked[parents])
+            rank_cell = rank_cell.gather(1, ranks[:, None]).squeeze(1)
+            nll_cell = nll_cell.gather(1, ranks[:, None]).squeeze(1)
+            flat = rank_cell * self.sums.shape[1] + nll_cell
+            reach = path_probabilities(tree, node_log_probs)  # [n] P(the walk reaches the node)
+            weight = reach[parents]  # what matters is a child's acceptance where its parent is reached
+            self.sums.mul_(MEMORY).view(-1).index_add_(0, flat, weight * node_log_probs[1:].exp())
+            self.counts.mul_(MEMORY).view(-1).index_add_(0, flat, weight)
