@@ -12,8 +12,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from transformers import GenerationConfig
-
 log = logging.getLogger("specexec.server")
 
 # the request fields a generation_config may default (vLLM's list, less max_new_tokens)
@@ -25,6 +23,8 @@ def read_sampling_defaults(model_dir: str | Path) -> dict[str, float | int]:
     without the file (or when it sets none of them)."""
     if not (Path(model_dir) / "generation_config.json").is_file():
         return {}
+    from transformers import GenerationConfig  # here: its module imports tqdm, which the app leaves out
+
     try:
         config = GenerationConfig.from_pretrained(model_dir).to_diff_dict()
     except (OSError, ValueError) as exc:

@@ -28,7 +28,7 @@ def test_bench_runs_every_configuration_and_writes_its_outputs(tmp_path):
     data = json.loads((out / "bench.json").read_text())
     runs = {(r["mode"], r["temperature"], r["method"], r["budget"]): r for r in data["runs"]}
     expected = {(mode, t, method, budget) for mode in ("resident", "ram", "disk") for t in (0.0, 0.6)
-                for method, budget in [("autoregressive", 1), *[(m, b) for m in ("specinfer", "specexec")
+                for method, budget in [("autoregressive", 1), *[(m, b) for m in ("specinfer", "specexec", "rrs")
                                                                   for b in (4, 8)], ("specexec", "auto")]}
     assert set(runs) == expected
     for key, run in runs.items():
