@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv on a fresh machine (torch first, from the local CPU wheel where there is one),
 # then lints and runs the whole test suite (the CI contract).
-#   bash scripts/test.sh --quick    the quick loop: tests not marked `slow` (under 3 minutes on 2 cores)
+#   bash scripts/test.sh --quick    the quick loop: tests not marked `slow` (3.5 minutes on 2 idle cores)
 #   bash scripts/test.sh ARGS       pytest arguments, e.g. tests/speculation -k budget
 set -euo pipefail
 cd "$(dirname "$0")/.."
