@@ -31,7 +31,7 @@ from engine.offload.device import SideStream
 from engine.scheduler import Running, Scheduler
 from engine.speculation.batch import run_batch
 from engine.speculation.budget import BudgetTracker, calibration_budgets
-from engine.speculation.draft import Drafter
+from engine.speculation.drafter import Drafter
 from engine.speculation.grammar import GrammarCache
 from engine.speculation.sampling import logits_workspace_bytes, make_generator
 from engine.speculation.step import PREFILL_CHUNK, SequenceState, StepContext

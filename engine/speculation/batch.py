@@ -19,7 +19,7 @@ import torch
 from engine.model.faults import request_error
 from engine.model.runner import DecoderRunner, Segment, prefill_groups
 from engine.offload.device import PhaseClock, SideStream
-from engine.speculation.draft import Growth, run_growths
+from engine.speculation.drafter import Growth, run_growths
 from engine.speculation.overlap import BackgroundPass
 from engine.speculation.step import (
     PREFILL_CHUNK,

@@ -21,15 +21,8 @@ from typing import Generic, TypeVar
 import torch
 
 from engine.config import SpeculationConfig
-from engine.speculation.draft import (
-    Drafter,
-    GrowLimits,
-    Growth,
-    MaskFn,
-    best_first_search,
-    reoffer,
-    scored_expand,
-)
+from engine.speculation.drafter import Drafter, GrowLimits, Growth, MaskFn
+from engine.speculation.specexec_growth import best_first_search, reoffer, scored_expand
 from engine.speculation.tree import Tree, subtree
 from engine.types import SamplingParams
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.speculation.draft import Drafter, GrowLimits, Growth, MaskFn, restrict
+from engine.speculation.drafter import Drafter, GrowLimits, Growth, MaskFn, restrict
 from engine.speculation.rrs_shape import TreeShape
 from engine.speculation.sampling import process_logits
 from engine.speculation.tree import Proposals, Tree

@@ -12,7 +12,7 @@ from engine.config import SpeculationConfig
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner
 from engine.speculation.budget import acceptance_curve, node_indicator
-from engine.speculation.draft import Drafter, GrowLimits, Growth, grow_sampled_tree, grow_tree
+from engine.speculation.drafter import Drafter, GrowLimits, Growth
 from engine.speculation.logprobs import emitted_logprobs, unpack_logprobs
 from engine.speculation.overlap import SEEDED_FORWARDS, commit_draft, extension
 from engine.speculation.rrs import verify_rrs
@@ -20,6 +20,8 @@ from engine.speculation.rrs_growth import CHILDREN as RRS_CHILDREN
 from engine.speculation.rrs_growth import grow_rrs_tree
 from engine.speculation.rrs_shape import TreeShape
 from engine.speculation.sampling import NodeLogits, position_noise
+from engine.speculation.specexec_growth import grow_tree
+from engine.speculation.specinfer_growth import grow_sampled_tree
 from engine.speculation.tree import Tree
 from engine.speculation.verify import Verdict, path_probabilities, verify_specinfer, verify_tree
 from engine.types import SamplingParams, TokenLogprob

@@ -10,17 +10,11 @@ import torch
 
 from engine.config import SpeculationConfig
 from engine.model.runner import Segment
-from engine.speculation.draft import (
-    GrowLimits,
-    MaskFn,
-    draft_log_probs,
-    grow_sampled_tree,
-    root_tree,
-    run_growth,
-    search_from_root,
-)
+from engine.speculation.drafter import GrowLimits, MaskFn, root_tree, run_growth
 from engine.speculation.rrs_growth import grow_rrs_tree
 from engine.speculation.rrs_shape import TreeShape
+from engine.speculation.specexec_growth import draft_log_probs, search_from_root
+from engine.speculation.specinfer_growth import grow_sampled_tree
 from engine.speculation.tree import Tree
 from engine.types import SamplingParams
 
@@ -47,7 +41,7 @@ def bigram_tree(
 
 
 class BigramDrafter:
-    """Stands in for engine.speculation.draft.Drafter: the draft's logits for a node are the table's row for
+    """Stands in for engine.speculation.drafter.Drafter: the draft's logits for a node are the table's row for
     the node's own token; its cache has unlimited room."""
 
     def __init__(self, table: torch.Tensor):

@@ -11,7 +11,7 @@ import torch
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.model.runner import Segment
 from engine.runtime import Engine
-from engine.speculation.draft import run_growths
+from engine.speculation.drafter import run_growths
 from engine.speculation.tree import Tree
 from engine.types import Request, SamplingParams
 from tests.helpers.tiny_models import make_tiny_pair

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.runtime import Engine
-from engine.speculation import draft as draft_module
-from engine.speculation.draft import GrowLimits, reoffer
+from engine.speculation.drafter import Drafter, GrowLimits
+from engine.speculation.specexec_growth import reoffer
 from engine.speculation.tree import Tree, find_node, subtree, trim
 from engine.types import Request, SamplingParams
 from tests.helpers.offload_passes import reference_greedy
@@ -114,13 +114,13 @@ def test_seeds_are_grown_during_the_pass_and_used(same_pair, monkeypatch) -> Non
     engine = load(same_pair, overlap=True, budget=32)
     slow_target(engine, monkeypatch, seconds=0.2)
     adopted: list[int] = []
-    adopt = draft_module.Drafter.adopt
+    adopt = Drafter.adopt
 
     def spy(self, tree):
         adopted.append(tree.extension_forwards)
         return adopt(self, tree)
 
-    monkeypatch.setattr(draft_module.Drafter, "adopt", spy)
+    monkeypatch.setattr(Drafter, "adopt", spy)
     deltas = list(engine.generate(Request("r", PROMPTS[2], greedy(LENGTHS[2]))))
     model = AutoModelForCausalLM.from_pretrained(same_pair[0], dtype=torch.float32)
     assert [t for d in deltas for t in d.token_ids] == reference_greedy(model, PROMPTS[2], LENGTHS[2])
@@ -136,7 +136,7 @@ def test_a_seeds_draft_kv_is_what_the_draft_computes_for_its_paths(same_pair, mo
     slow_target(engine, monkeypatch, seconds=0.2)
     draft_model = AutoModelForCausalLM.from_pretrained(same_pair[1], dtype=torch.float32).eval()
     checked: list[int] = []
-    adopt = draft_module.Drafter.adopt
+    adopt = Drafter.adopt
 
     def check(self, tree):
         tree = adopt(self, tree)
@@ -153,7 +153,7 @@ def test_a_seeds_draft_kv_is_what_the_draft_computes_for_its_paths(same_pair, mo
             checked.append(node)
         return tree
 
-    monkeypatch.setattr(draft_module.Drafter, "adopt", check)
+    monkeypatch.setattr(Drafter, "adopt", check)
     context = list(PROMPTS[2])
     engine.add_request(Request("r", PROMPTS[2], greedy(LENGTHS[2])))
     while engine.num_running:
