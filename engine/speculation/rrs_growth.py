@@ -47,22 +47,24 @@ def draft_sampling(params: SamplingParams) -> SamplingParams:
 def draw_proposals(
     logits: torch.Tensor, params: SamplingParams, width: int, children: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[k, vocab] draft logits -> (token ids [k, w], their q [k, w], q sorted descending [k, w]). q is
-    the processed distribution cut to its top w tokens, renormalised. The first `children` entries
-    of a row are the first draws of one draw without replacement from q, in order (tokens of
-    probability 0 last: never children); the rest of the row, the tokens not drawn, in any order. A
-    row where nothing is allowed gives q = 0 everywhere."""
+    """[k, vocab] draft logits -> (token ids [k, w], their q [k, w], the m = `children` largest q of
+    each row, descending [k, m]). q is the processed distribution cut to its top w tokens,
+    renormalised. The first m entries of a row are the first draws of one draw without replacement
+    from q, in order (tokens of probability 0 last: never children); the rest of the row, the tokens
+    not drawn, in any order. A row where nothing is allowed gives q = 0 everywhere."""
     probs = process_logits(logits, params).softmax(dim=-1).nan_to_num(0.0)  # [k, vocab]
-    ranked, top_ids = probs.topk(min(width, probs.shape[1]), dim=-1)  # [k, w] descending
-    ranked = ranked / ranked.sum(dim=-1, keepdim=True).clamp(min=1e-30)
-    gumbel = -torch.empty_like(ranked).exponential_(generator=generator).clamp(min=1e-30).log()
-    keys = torch.where(ranked > 0, ranked.log() + gumbel, float("-inf"))
+    # the top w in any order: a sorted top-k of a quarter of a small vocabulary costs twice as much
+    q, top_ids = probs.topk(min(width, probs.shape[1]), dim=-1, sorted=False)  # [k, w]
+    q = q / q.sum(dim=-1, keepdim=True).clamp(min=1e-30)
+    gumbel = -torch.empty_like(q).exponential_(generator=generator).clamp(min=1e-30).log()
+    keys = torch.where(q > 0, q.log() + gumbel, float("-inf"))
     num_rows, row_width = keys.shape
     first = keys.topk(min(children, row_width), dim=-1).indices  # [k, m] the draws, in order
     taken = torch.zeros_like(keys, dtype=torch.bool).scatter_(1, first, True)
     rest = (~taken).nonzero()[:, 1].view(num_rows, row_width - first.shape[1])  # row-major: each row's own
     order = torch.cat([first, rest], dim=1)
-    return top_ids.gather(1, order), ranked.gather(1, order), ranked
+    ranked = q.topk(first.shape[1], dim=-1).values  # [k, m] descending
+    return top_ids.gather(1, order), q.gather(1, order), ranked
 
 
 @dataclass
@@ -107,8 +109,10 @@ class Candidates:
     def best(self, count: int) -> torch.Tensor:
         """[<= count] the first `count` candidates by score, ties by creation: a parent before its
         children, a row's draws in rank order (scores never rise along either)."""
-        order = torch.sort(self.scores, descending=True, stable=True).indices
-        return order[:count]
+        if self.scores.shape[0] > count:  # sort only the candidates at or above the count-th score
+            near = (self.scores >= self.scores.topk(count).values[-1]).nonzero().squeeze(1)  # creation order
+            return near[torch.sort(self.scores[near], descending=True, stable=True).indices[:count]]
+        return torch.sort(self.scores, descending=True, stable=True).indices
 
     def tree(self, chosen: torch.Tensor, with_proposals: bool = False) -> Tree:
         """The tree of candidates `chosen` ([n], parents before children, closed under parents)."""
