@@ -110,6 +110,7 @@ class Candidates:
         """[<= count] the first `count` candidates by score, ties by creation: a parent before its
         children, a row's draws in rank order (scores never rise along either)."""
         if self.scores.shape[0] > count:  # sort only the candidates at or above the count-th score
+            # host sync (nonzero): the growth syncs for its picks right after, once per forward anyway
             near = (self.scores >= self.scores.topk(count).values[-1]).nonzero().squeeze(1)  # creation order
             return near[torch.sort(self.scores[near], descending=True, stable=True).indices[:count]]
         return torch.sort(self.scores, descending=True, stable=True).indices

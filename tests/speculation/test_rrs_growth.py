@@ -1,5 +1,7 @@
 """RRS growth's pieces against their plain definitions: the candidate order (score descending, ties
-by creation) and the draws (the first draws without replacement from q, q the top-w renormalised)."""
+by creation) and a node's row (the top-w tokens once each, q renormalised over them, drawn tokens
+before zero-q ones). That the draws follow q without replacement is checked in distribution by
+test_rrs_exactness (chi-square, and a planted top-k growth that fails it)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ def test_best_is_a_stable_sort_of_the_scores_with_ties() -> None:
         assert torch.equal(pool.best(count), want)
 
 
-def test_draws_are_a_prefix_of_a_draw_without_replacement_from_the_top_w() -> None:
+def test_a_row_is_the_top_w_renormalised_with_drawn_tokens_first() -> None:
     generator = torch.Generator().manual_seed(1)
     logits = torch.randn(3, 50, generator=generator) * 2
     logits[2, 10:] = float("-inf")  # a row with 10 allowed tokens: fewer than the draws

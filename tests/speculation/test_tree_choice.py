@@ -10,7 +10,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import ConfigError, EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
+from engine.config import (
+    ConfigError,
+    EngineConfig,
+    LimitsConfig,
+    ModelConfig,
+    OffloadConfig,
+    SpeculationConfig,
+)
 from engine.runtime import Engine
 from engine.types import Request, SamplingParams
 from tests.helpers.offload_passes import reference_greedy
@@ -26,11 +33,12 @@ def pair(tmp_path_factory) -> tuple[str, str]:
     return str(target), str(draft)
 
 
-def load(pair, **spec) -> Engine:
+def load(pair, source: str | None = None, **spec) -> Engine:
     return Engine.load(EngineConfig(
         model=ModelConfig(target=pair[0], draft=pair[1]),
         speculation=SpeculationConfig(budget=16, max_depth=6, **spec),
         limits=LimitsConfig(max_context=256),
+        offload=OffloadConfig(enabled=True, source=source, resident_layers=0) if source else OffloadConfig(),
     ))  # fmt: skip
 
 
@@ -131,3 +139,12 @@ def test_rrs_trees_share_a_pass_with_greedy_and_a_seed_repeats_alone(pair) -> No
             out[delta.request_id].extend(delta.token_ids)
     assert out["greedy"] == reference_greedy(model, PROMPTS[0], 24)
     assert len(out["hot"]) == 24
+
+
+@pytest.mark.parametrize("source", ["ram", "disk"])
+def test_a_seeded_rrs_request_streamed_equals_it_resident(pair, source) -> None:
+    """RRS verification reads the streamed target's logits: with every layer streamed, a seeded RRS
+    request (same trees, same random stream) emits what it emits resident, whose distribution
+    test_rrs_exactness checks against the reference."""
+    resident = load(pair, method="rrs").generate_ids(PROMPTS[1], sampled(0.8))
+    assert load(pair, source, method="rrs").generate_ids(PROMPTS[1], sampled(0.8)) == resident
