@@ -3,7 +3,7 @@
 For a sample-and-match tree, E[accepted draft tokens | tree] is the sum over non-root nodes of the
 target's probability of the node's path (StepStats.expected_accepted). Given the tree, realized
 minus expected has mean zero whatever came before (a martingale difference), so over many steps
-the mean difference divided by its standard error is close to N(0, 1). Built-in pair, budget 1024,
+the mean difference divided by its standard error is close to N(0, 1). Built-in pair, budget 256,
 T 0.6 and 1.0, the engine's own step loop; a verifier that draws from a sharper distribution than
 the one it scores fails the same test. `specexec bench` prints both figures for longer runs.
 """
@@ -24,7 +24,7 @@ from tests.helpers.speculation import NAMED_TREES
 
 pytestmark = pytest.mark.slow
 
-BUDGET = 1024
+BUDGET = 256
 STEPS = 120  # per temperature; the difference's sd is ~2 tokens here, so the standard error is ~0.2
 PROMPTS = ["import os\n\n\ndef ", "class Parser:\n    def __init__(self", "    for key, value in ",
            "def test_split(self):\n    ", "with open(path) as f:\n    ", "raise ValueError("]
@@ -82,5 +82,5 @@ def test_a_verifier_drawing_from_the_wrong_distribution_fails_it(engine, monkeyp
         return original(block * 2.0, greedy, generator, noise)
 
     monkeypatch.setattr(verify, "sample_tokens", sharper)
-    realized, expected = realized_and_expected(engine, 0.6, STEPS // 2)
+    realized, expected = realized_and_expected(engine, 0.6, STEPS)
     assert abs(z_score(realized, expected)) > Z_LIMIT
