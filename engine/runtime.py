@@ -33,6 +33,7 @@ from engine.speculation.batch import run_batch
 from engine.speculation.budget import BudgetTracker, calibration_budgets
 from engine.speculation.drafter import Drafter
 from engine.speculation.grammar import GrammarCache
+from engine.speculation.rrs_shape import ShapeBook
 from engine.speculation.sampling import logits_workspace_bytes, make_generator
 from engine.speculation.step import PREFILL_CHUNK, SequenceState, StepContext
 from engine.types import (
@@ -70,6 +71,7 @@ class Engine:
         overlap = spec.overlap and pair.draft is not None and spec.method != "autoregressive"
         self.side_stream = SideStream(self.device) if overlap else None  # the draft beside the target pass
         self.pool: KVPool | None = None  # allocated by reserve_memory (or the first request)
+        self.shape_book = ShapeBook(self.device, config.speculation.decay)  # RRS trees' evidence across requests
         self.scheduler: Scheduler | None = None
 
     @classmethod
@@ -283,6 +285,7 @@ class Engine:
             stop_mask=stop_mask,
             max_context=self.max_context,
             track_acceptance=True,  # budget auto and shared budgets use the curve; StepStats its expectation
+            shape_book=self.shape_book,
         )
 
     def abort_request(self, request_id: str) -> TokenDelta | None:

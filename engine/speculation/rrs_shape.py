@@ -9,16 +9,21 @@ the mean, over earlier steps' trees, of P(the walk accepts that child first | it
 in the (rank, pi) cell, which verification computes exactly at every node (rrs.child_log_probs),
 each weighted by the probability that the walk reaches the parent.
 Before a cell has data it is pi itself: the draft's own path probability, as SpecExec scores nodes.
+A request starts from the evidence of earlier requests with its sampling settings (ShapeBook): every
+tree in it was verified before the request's current step began.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
 from engine.speculation.tree import Tree
 from engine.speculation.verify import path_probabilities
+from engine.types import SamplingParams
 
 # 1-based rank r falls in the first bucket whose edge is >= r: ranks 1, 2, 3, 4, 5-6, 7-8, ... 49+
 RANK_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
@@ -26,17 +31,45 @@ RANK_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 NLL_EDGES = (0.05, 0.15, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 PRIOR_WEIGHT = 0.25  # pseudo-observations of the prior (pi) per cell
 MEMORY = 0.9  # each step's weight on the evidence so far (older steps fade)
+# the book's weight on its evidence per tree any request adds. Built-in pair, T = 1, 12 requests of 64
+# tokens replayed offline: a fresh request's first 6 trees chose 0.2-0.3 more expected tokens from a
+# book than from the prior (docs/bench/acceptance.md, "Shape book")
+BOOK_MEMORY = 0.99
+BOOK_SETTINGS = 64  # sampling settings the book keeps evidence for (the least recently used dropped)
+
+
+@dataclass
+class Evidence:
+    """Per (rank, pi) cell: the weighted sum of observed acceptances and the sum of weights."""
+
+    sums: torch.Tensor  # [ranks, nlls]
+    counts: torch.Tensor  # [ranks, nlls]
+
+    @classmethod
+    def empty(cls, device: torch.device) -> Evidence:
+        zeros = torch.zeros(len(RANK_EDGES) + 1, len(NLL_EDGES) + 1, device=device)
+        return cls(sums=zeros, counts=zeros.clone())
+
+    def copy(self) -> Evidence:
+        return Evidence(sums=self.sums.clone(), counts=self.counts.clone())
+
+    def add(self, memory: float, cells: torch.Tensor, weights: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Fade what is there by `memory`, then add each observation ([m] flat cell, weight, acceptance)."""
+        self.sums.mul_(memory).view(-1).index_add_(0, cells, weights * accepted)
+        self.counts.mul_(memory).view(-1).index_add_(0, cells, weights)
 
 
 class TreeShape:
     """One request's acceptance model (state between its steps)."""
 
-    def __init__(self, device: torch.device, decay: float = 1.0):
+    def __init__(self, device: torch.device, decay: float = 1.0, book: Evidence | None = None, read_book: bool = True):
+        """book: the evidence of earlier requests with the same settings, which the request's trees
+        are added to; read_book: the request starts from a copy of it (else from the prior)."""
         self.log_decay = math.log(decay)
         self.rank_edges = torch.tensor(RANK_EDGES, device=device)
         self.nll_edges = torch.tensor(NLL_EDGES, device=device)
-        self.sums = torch.zeros(len(RANK_EDGES) + 1, len(NLL_EDGES) + 1, device=device)  # [ranks, nlls]
-        self.counts = torch.zeros_like(self.sums)
+        self.own = book.copy() if book is not None and read_book else Evidence.empty(device)
+        self.book = book
 
     def cells(self, ranked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ranked: [k, w] draft probabilities sorted descending -> (rank bucket, pi bucket), each [k, w]."""
@@ -49,7 +82,8 @@ class TreeShape:
         Returns [k, w]: the score each node's child of rank i would get, non-increasing in i (so the
         children a threshold admits are a prefix of the draw), -inf where pi is 0."""
         rank_cell, nll_cell = self.cells(ranked)
-        beta = (self.sums[rank_cell, nll_cell] + PRIOR_WEIGHT * ranked) / (self.counts[rank_cell, nll_cell] + PRIOR_WEIGHT)
+        sums, counts = self.own.sums[rank_cell, nll_cell], self.own.counts[rank_cell, nll_cell]
+        beta = (sums + PRIOR_WEIGHT * ranked) / (counts + PRIOR_WEIGHT)
         child = scores[:, None] + beta.clamp(min=1e-30).log() + self.log_decay
         child = child.cummin(dim=-1).values
         return child.masked_fill(ranked <= 0, float("-inf"))
@@ -66,8 +100,34 @@ class TreeShape:
             rank_cell, nll_cell = self.cells(ranked[parents])
             rank_cell = rank_cell.gather(1, ranks[:, None]).squeeze(1)
             nll_cell = nll_cell.gather(1, ranks[:, None]).squeeze(1)
-            flat = rank_cell * self.sums.shape[1] + nll_cell
+            flat = rank_cell * self.own.sums.shape[1] + nll_cell
             reach = path_probabilities(tree, node_log_probs)  # [n] P(the walk reaches the node)
             weight = reach[parents]  # what matters is a child's acceptance where its parent is reached
-            self.sums.mul_(MEMORY).view(-1).index_add_(0, flat, weight * node_log_probs[1:].exp())
-            self.counts.mul_(MEMORY).view(-1).index_add_(0, flat, weight)
+            accepted = node_log_probs[1:].exp()
+            self.own.add(MEMORY, flat, weight, accepted)
+            if self.book is not None:
+                self.book.add(BOOK_MEMORY, flat, weight, accepted)
+
+
+class ShapeBook:
+    """The engine's acceptance evidence across requests, per sampling setting (what shapes q and p:
+    temperature, top_p, top_k, min_p, and whether penalties, logit_bias or a grammar reshape them).
+    Trees enter it after their verification, so a tree grown from it depends on earlier steps only,
+    as with a request's own evidence. Seeded requests start from the prior (their text depends on
+    nothing outside the request) and still add their trees."""
+
+    def __init__(self, device: torch.device, decay: float = 1.0):
+        self.device = device
+        self.decay = decay
+        self.settings: OrderedDict[tuple, Evidence] = OrderedDict()
+
+    def shape(self, params: SamplingParams, constrained: bool) -> TreeShape:
+        """A new request's TreeShape; constrained: it has a grammar."""
+        reshaped = constrained or bool(params.logit_bias) or params.presence_penalty != 0.0 \
+            or params.frequency_penalty != 0.0 or params.repetition_penalty != 1.0
+        key = (params.temperature, params.top_p, params.top_k, params.min_p, reshaped)
+        book = self.settings.pop(key, None) or Evidence.empty(self.device)
+        self.settings[key] = book  # most recently used last
+        while len(self.settings) > BOOK_SETTINGS:
+            self.settings.popitem(last=False)
+        return TreeShape(self.device, self.decay, book, read_book=params.seed is None)

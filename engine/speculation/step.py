@@ -18,7 +18,7 @@ from engine.speculation.overlap import SEEDED_FORWARDS, commit_draft, extension
 from engine.speculation.rrs import verify_rrs
 from engine.speculation.rrs_growth import CHILDREN as RRS_CHILDREN
 from engine.speculation.rrs_growth import grow_rrs_tree
-from engine.speculation.rrs_shape import TreeShape
+from engine.speculation.rrs_shape import ShapeBook, TreeShape
 from engine.speculation.sampling import NodeLogits, position_noise
 from engine.speculation.specexec_growth import grow_tree
 from engine.speculation.specinfer_growth import grow_sampled_tree
@@ -75,6 +75,7 @@ class StepContext:
     max_context: int
     track_acceptance: bool = False  # record the step's acceptance curve in the SequenceState (budget auto, shared budgets)
     seed: Tree | None = None  # the next tree, partly grown during the last pass (overlap), rooted at the root
+    shape_book: ShapeBook | None = None  # RRS trees: the engine's acceptance evidence across requests
 
 
 def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
@@ -95,7 +96,8 @@ def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
             growth = grow_sampled_tree(ctx.drafter, seq.root_id, pending, seq.params, limits, seq.generator, mask)
         elif ctx.spec.method == "rrs":
             if seq.tree_shape is None:
-                seq.tree_shape = TreeShape(ctx.target_cache.device, ctx.spec.decay)
+                seq.tree_shape = ctx.shape_book.shape(seq.params, grammar is not None) if ctx.shape_book is not None \
+                    else TreeShape(ctx.target_cache.device, ctx.spec.decay)
             growth = grow_rrs_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec.max_expand,
                                    RRS_CHILDREN, limits, seq.tree_shape, seq.generator, mask)
         else:
