@@ -62,13 +62,13 @@ class Evidence:
 class TreeShape:
     """One request's acceptance model (state between its steps)."""
 
-    def __init__(self, device: torch.device, decay: float = 1.0, book: Evidence | None = None, read_book: bool = True):
-        """book: the evidence of earlier requests with the same settings, which the request's trees
-        are added to; read_book: the request starts from a copy of it (else from the prior)."""
+    def __init__(self, device: torch.device, decay: float = 1.0, book: Evidence | None = None):
+        """book: the evidence of earlier requests with the same settings: the request starts from a
+        copy, and adds its own trees to it."""
         self.log_decay = math.log(decay)
         self.rank_edges = torch.tensor(RANK_EDGES, device=device)
         self.nll_edges = torch.tensor(NLL_EDGES, device=device)
-        self.own = book.copy() if book is not None and read_book else Evidence.empty(device)
+        self.own = book.copy() if book is not None else Evidence.empty(device)
         self.book = book
 
     def cells(self, ranked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,8 +113,8 @@ class ShapeBook:
     """The engine's acceptance evidence across requests, per sampling setting (what shapes q and p:
     temperature, top_p, top_k, min_p, and whether penalties, logit_bias or a grammar reshape them).
     Trees enter it after their verification, so a tree grown from it depends on earlier steps only,
-    as with a request's own evidence. Seeded requests start from the prior (their text depends on
-    nothing outside the request) and still add their trees."""
+    as with a request's own evidence. A seeded request's trees, so its text, depend on the book too
+    (README, "Seeds")."""
 
     def __init__(self, device: torch.device, decay: float = 1.0):
         self.device = device
@@ -130,4 +130,4 @@ class ShapeBook:
         self.settings[key] = book  # most recently used last
         while len(self.settings) > BOOK_SETTINGS:
             self.settings.popitem(last=False)
-        return TreeShape(self.device, self.decay, book, read_book=params.seed is None)
+        return TreeShape(self.device, self.decay, book)
