@@ -9,6 +9,8 @@ target's distribution.
   and logits processing; the first two emitted tokens are compared by chi-square with the exact
   distribution from that file's independent reference (temperature, top_k, top_p, min_p, penalties;
   logit_bias added to the raw logits first).
+- Again with one shape book shared by all the samples (each request starts from the evidence of the
+  ones before it, as in the engine).
 - A growth whose children are the draft's top tokens (SpecExec's) instead of a draw without
   replacement fails the same test, so the test can fail.
 """
@@ -21,7 +23,7 @@ import torch
 import engine.speculation.rrs_growth as rrs_growth
 from engine.config import SpeculationConfig
 from engine.speculation.rrs import rejection_steps
-from engine.speculation.rrs_shape import TreeShape
+from engine.speculation.rrs_shape import ShapeBook, TreeShape
 from engine.speculation.sampling import make_generator
 from engine.speculation.step import verify_step
 from engine.types import SamplingParams
@@ -88,11 +90,12 @@ def test_rejection_steps_follow_the_definition(seed):
             assert float(off[node] / total) == pytest.approx(1 - float(want_residual[row_ids].sum()), abs=1e-5)
 
 
-def rrs_continuation(params: SamplingParams, gen: torch.Generator) -> tuple[int, ...]:
-    """One request: RRS steps (its TreeShape learning from each) until LENGTH tokens."""
+def rrs_continuation(params: SamplingParams, gen: torch.Generator, book: ShapeBook | None = None) -> tuple[int, ...]:
+    """One request: RRS steps (its TreeShape learning from each, and starting from `book`'s evidence)
+    until LENGTH tokens."""
     tokens: list[int] = []
     counts = torch.zeros(VOCAB)
-    shape = TreeShape(torch.device("cpu"))
+    shape = TreeShape(torch.device("cpu")) if book is None else book.shape(params, constrained=False)
     root = ROOT
     while len(tokens) < LENGTH:
         tree = bigram_rrs_tree(DRAFT, root, params, SPEC, SPEC.budget, STOP_MASK, gen, shape)
@@ -122,9 +125,9 @@ def exact_distribution(params: SamplingParams) -> dict[tuple[int, ...], float]:
     return probs
 
 
-def p_values(params: SamplingParams, num: int, seed: int) -> tuple[float, float]:
+def p_values(params: SamplingParams, num: int, seed: int, book: ShapeBook | None = None) -> tuple[float, float]:
     gen = make_generator(seed, torch.device("cpu"))
-    samples = [rrs_continuation(params, gen) for _ in range(num)]
+    samples = [rrs_continuation(params, gen, book) for _ in range(num)]
     exact = exact_distribution(params)
     return chi_square_p([s[:1] for s in samples], marginal(exact, 1)), chi_square_p(samples, exact)
 
@@ -134,6 +137,15 @@ def p_values(params: SamplingParams, num: int, seed: int) -> tuple[float, float]
 def test_rrs_tokens_follow_the_target(params):
     p_first, p_two = p_values(params, NUM_SAMPLES, seed=2027)
     print(f"rrs {params.temperature}: p(first token)={p_first:.3g} p(two tokens)={p_two:.3g}")
+    assert p_first > 1e-3 and p_two > 1e-3
+
+
+@pytest.mark.slow
+def test_rrs_tokens_follow_the_target_with_a_shape_book():
+    book = ShapeBook(torch.device("cpu"))
+    p_first, p_two = p_values(PLAIN, NUM_SAMPLES, seed=2028, book=book)
+    print(f"rrs with a book: p(first token)={p_first:.3g} p(two tokens)={p_two:.3g}")
+    assert float(book.settings[(1.0, 1.0, 0, 0.0, False)].counts.sum()) > 0
     assert p_first > 1e-3 and p_two > 1e-3
 
 

@@ -121,13 +121,14 @@ def test_both_kinds_of_tree_share_a_pass_and_stay_exact(pair) -> None:
 
 def test_rrs_trees_share_a_pass_with_greedy_and_a_seed_repeats_alone(pair) -> None:
     """method rrs: greedy requests grow SpecExec trees and equal transformers' greedy while sampled
-    RRS requests share their passes; a seeded sampled request repeats when run alone again (its seed
-    fixes its random stream, README "Seeds")."""
+    RRS requests share their passes; a seeded sampled request repeats when run alone on a fresh
+    engine (its seed fixes its random stream; the trees' shape learns from earlier requests: README
+    "Seeds")."""
     engine = load(pair, method="rrs")
     model = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32)
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     seeded_alone = engine.generate_ids(PROMPTS[1], sampled(0.8))
-    assert engine.generate_ids(PROMPTS[1], sampled(0.8)) == seeded_alone
+    assert load(pair, method="rrs").generate_ids(PROMPTS[1], sampled(0.8)) == seeded_alone
     requests = [Request("greedy", PROMPTS[0], greedy), Request("hot", PROMPTS[2], sampled(1.0, seed=None))]
     for request in requests:
         engine.add_request(request)
@@ -148,3 +149,20 @@ def test_a_seeded_rrs_request_streamed_equals_it_resident(pair, source) -> None:
     test_rrs_exactness checks against the reference."""
     resident = load(pair, method="rrs").generate_ids(PROMPTS[1], sampled(0.8))
     assert load(pair, source, method="rrs").generate_ids(PROMPTS[1], sampled(0.8)) == resident
+
+
+def test_rrs_requests_start_from_the_evidence_of_earlier_ones_with_their_settings(pair) -> None:
+    """The shape book: after a sampled RRS request, the next one with the same sampling settings
+    starts from what its trees showed (verified acceptance in (rank, pi) cells); other settings
+    start from the prior. Exactness with a book: test_rrs_exactness."""
+    engine = load(pair, method="rrs")
+    engine.generate_ids(PROMPTS[1], sampled(0.8))
+    book = engine.shape_book
+    seen = book.shape(sampled(0.8, seed=None), constrained=False)
+    assert float(seen.own.counts.sum()) > 0
+    assert torch.equal(seen.own.sums, book.settings[(0.8, 1.0, 0, 0.0, False)].sums)
+    assert float(book.shape(sampled(1.0), constrained=False).own.counts.sum()) == 0  # another temperature
+    assert float(book.shape(sampled(0.8), constrained=True).own.counts.sum()) == 0  # a grammar's
+    before = float(book.settings[(0.8, 1.0, 0, 0.0, False)].counts.sum())
+    engine.generate_ids(PROMPTS[2], sampled(0.8, seed=None))
+    assert float(book.settings[(0.8, 1.0, 0, 0.0, False)].counts.sum()) != before  # it keeps learning
