@@ -4,8 +4,9 @@ For a sample-and-match tree, E[accepted draft tokens | tree] is the sum over non
 target's probability of the node's path (StepStats.expected_accepted). Given the tree, realized
 minus expected has mean zero whatever came before (a martingale difference), so over many steps
 the mean difference divided by its standard error is close to N(0, 1). Built-in pair, budget 256,
-T 0.6 and 1.0, the engine's own step loop; a verifier that draws from a sharper distribution than
-the one it scores fails the same test. `specexec bench` prints both figures for longer runs.
+T 0.6 and 1.0, the engine's own step loop; the same for RRS trees (expectation under recursive
+rejection sampling) at T 1.0; a verifier that draws from a sharper distribution than the one it
+scores fails the same test. `specexec bench` prints both figures for longer runs.
 """
 
 from __future__ import annotations
@@ -31,15 +32,19 @@ PROMPTS = ["import os\n\n\ndef ", "class Parser:\n    def __init__(self", "    f
 Z_LIMIT = 4.0
 
 
-@pytest.fixture(scope="module")
-def engine() -> Engine:
+def load(method: str) -> Engine:
     if not (DEFAULT_MODELS / "target").is_dir():
         pytest.skip("models/default is missing")
     return Engine.load(EngineConfig(
         model=ModelConfig(target=str(DEFAULT_MODELS / "target"), draft=str(DEFAULT_MODELS / "draft")),
-        speculation=SpeculationConfig(budget=BUDGET, specinfer_temperature=NAMED_TREES),
+        speculation=SpeculationConfig(method=method, budget=BUDGET, specinfer_temperature=NAMED_TREES),
         limits=LimitsConfig(max_context=512, max_running=1),
     ))
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return load("specexec")
 
 
 def realized_and_expected(engine: Engine, temperature: float, steps: int) -> tuple[list[int], list[float]]:
@@ -72,6 +77,16 @@ def test_realized_acceptance_matches_the_trees_expectation(engine, temperature) 
     z = z_score(realized, expected)
     assert abs(z) < Z_LIMIT, (z, sum(realized) / len(realized), sum(expected) / len(expected))
     assert sum(expected) / len(expected) > 1.0  # trees deep enough for the test to mean something
+
+
+def test_rrs_realized_acceptance_matches_the_trees_expectation() -> None:
+    """RRS trees, shaped from the shape book (each request after the first starts from the ones
+    before it): their exact expectation under recursive rejection sampling, against what verification
+    accepts."""
+    realized, expected = realized_and_expected(load("rrs"), 1.0, STEPS)
+    z = z_score(realized, expected)
+    assert abs(z) < Z_LIMIT, (z, sum(realized) / len(realized), sum(expected) / len(expected))
+    assert sum(expected) / len(expected) > 1.0
 
 
 def test_a_verifier_drawing_from_the_wrong_distribution_fails_it(engine, monkeypatch) -> None:
