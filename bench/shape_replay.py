@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import math
 from collections import defaultdict
 
 import torch
@@ -32,21 +31,17 @@ STEP_GROUPS = ((0, 3), (3, 6), (6, 10**9))  # a request's steps 1-3, 4-6, 7 on
 
 
 def capture(args: argparse.Namespace) -> list[dict]:
-    """Every verified tree: parents, ranks, true reach, each child's (rank, pi) cell, its request."""
+    """Every verified tree ([n] tensors): parents, depths, ranks, pis, true reach, acceptance
+    (P(accepted first | parent reached)), and its request and step."""
     trees: list[dict] = []
     observe = rrs_shape.TreeShape.observe
     request = [0, 0]  # index, step
 
     def keep(shape: rrs_shape.TreeShape, tree, node_log_probs: torch.Tensor) -> None:
-        reach = path_probabilities(tree, node_log_probs)
-        parents, ranks = tree.parents[1:], tree.proposals.ranks[1:]
-        ranked = tree.proposals.probs.sort(dim=-1, descending=True).values[parents]  # [n-1, w]
-        rank_cell, nll_cell = shape.cells(ranked)
         trees.append({
-            "request": request[0], "step": request[1], "parents": tree.parents.tolist(), "ranks": tree.proposals.ranks.tolist(),
-            "reach": reach.tolist(), "cells": list(zip(rank_cell.gather(1, ranks[:, None]).squeeze(1).tolist(),
-                                                       nll_cell.gather(1, ranks[:, None]).squeeze(1).tolist(), strict=True)),
-            "pi": ranked.gather(1, ranks[:, None]).squeeze(1).tolist(),
+            "request": request[0], "step": request[1], "parents": tree.parents, "depths": tree.depths,
+            "ranks": tree.proposals.ranks, "pis": tree.proposals.pis,
+            "reach": path_probabilities(tree, node_log_probs), "accepted": node_log_probs.exp(),
         })
         request[1] += 1
         observe(shape, tree, node_log_probs)
@@ -68,67 +63,59 @@ def capture(args: argparse.Namespace) -> list[dict]:
     return trees
 
 
-def picked_value(tree: dict, scores: list[float], select: int) -> float:
-    """E[accepted] of the `select` best-scored nodes (ties by index: parents, earlier siblings first)."""
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: select + 1]
-    return sum(tree["reach"][i] for i in order) - 1.0
-
-
-def model_scores(tree: dict, sums: dict, counts: dict) -> list[float]:
-    """Scores as rrs_shape.TreeShape.child_scores gives them from the evidence (sums, counts per cell)."""
-    scores = [0.0] * len(tree["parents"])
-    last_in_row: dict[int, float] = {}
-    for node in range(1, len(scores)):
-        parent, cell, pi = tree["parents"][node], tuple(tree["cells"][node - 1]), tree["pi"][node - 1]
-        beta = (sums[cell] + rrs_shape.PRIOR_WEIGHT * pi) / (counts[cell] + rrs_shape.PRIOR_WEIGHT)
-        score = min(scores[parent] + math.log(max(beta, 1e-30)), last_in_row.get(parent, 0.0), scores[parent])
-        scores[node] = last_in_row[parent] = score
+def model_scores(tree: dict, shape: rrs_shape.TreeShape) -> torch.Tensor:
+    """[n] the scores `shape` gives the tree's nodes (TreeShape.child_scores over each parent's row,
+    level by level; a node's children are a prefix of its row, so their pis are the row's first q)."""
+    parents, ranks, depths, pis = tree["parents"], tree["ranks"], tree["depths"], tree["pis"]
+    scores = torch.zeros(parents.shape[0])
+    for depth in range(1, int(depths.max()) + 1):
+        nodes = (depths == depth).nonzero().squeeze(1)
+        rows, row_of = parents[nodes].unique(return_inverse=True)
+        ranked = torch.zeros(rows.shape[0], int(ranks[nodes].max()) + 1)
+        ranked[row_of, ranks[nodes]] = pis[nodes]
+        scores[nodes] = shape.child_scores(scores[rows], ranked)[row_of, ranks[nodes]]
     return scores
 
 
-def learn(tree: dict, memory: float, sums: dict, counts: dict) -> None:
-    for cell in list(sums):
-        sums[cell] *= memory
-        counts[cell] *= memory
-    for node in range(1, len(tree["parents"])):
-        parent, cell = tree["parents"][node], tuple(tree["cells"][node - 1])
-        # P(accepted first | parent reached), weighted by P(parent reached), as TreeShape.observe
-        sums[cell] += tree["reach"][node]
-        counts[cell] += tree["reach"][parent]
+def picked_value(tree: dict, scores: torch.Tensor, select: int) -> float:
+    """E[accepted] of the `select` best-scored nodes (ties by index: parents, earlier siblings first)."""
+    order = torch.sort(scores, descending=True, stable=True).indices[: select + 1]
+    return float(tree["reach"][order].double().sum()) - 1.0  # float64, as hindsight sums
 
 
 def hindsight(tree: dict, select: int) -> float:
     """Greedy by true reach over nodes whose parent and previous sibling are picked."""
-    child = {(p, r): i for i, (p, r) in enumerate(zip(tree["parents"], tree["ranks"], strict=True)) if p >= 0}
+    parents, ranks, reach = tree["parents"].tolist(), tree["ranks"].tolist(), tree["reach"].tolist()
+    child = {(p, r): i for i, (p, r) in enumerate(zip(parents, ranks, strict=True)) if p >= 0}
     picked, heap, total = 1, [], 0.0
     if (0, 0) in child:
-        heap.append((-tree["reach"][child[(0, 0)]], child[(0, 0)]))
+        heap.append((-reach[child[(0, 0)]], child[(0, 0)]))
     while heap and picked <= select:
         value, node = heapq.heappop(heap)
         total, picked = total - value, picked + 1
-        for key in ((node, 0), (tree["parents"][node], tree["ranks"][node] + 1)):
+        for key in ((node, 0), (parents[node], ranks[node] + 1)):
             if key in child:
-                heapq.heappush(heap, (-tree["reach"][child[key]], child[key]))
+                heapq.heappush(heap, (-reach[child[key]], child[key]))
     return total
 
 
-def replay(trees: list[dict], select: int) -> dict[str, list[tuple[int, float]]]:
-    """Per shape model: (step index in its request, E[accepted]) for every tree large enough."""
+def replay(trees: list[dict], select: int, params: SamplingParams) -> dict[str, list[tuple[int, float]]]:
+    """Per shape model: (step index in its request, E[accepted]) for every tree large enough. "own"
+    is a TreeShape without a book; "book" one from a ShapeBook that every request adds to."""
     results: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    book_sums, book_counts = defaultdict(float), defaultdict(float)
+    book = rrs_shape.ShapeBook(torch.device("cpu"))
     last = -1
     for tree in trees:
         if tree["request"] != last:
-            own_sums, own_counts = defaultdict(float), defaultdict(float)
-            sums, counts = defaultdict(float, book_sums), defaultdict(float, book_counts)
+            shapes = {"own": rrs_shape.TreeShape(torch.device("cpu")), "book": book.shape(params, constrained=False)}
             last = tree["request"]
-        if len(tree["parents"]) > select:
-            results["own"].append((tree["step"], picked_value(tree, model_scores(tree, own_sums, own_counts), select)))
-            results["book"].append((tree["step"], picked_value(tree, model_scores(tree, sums, counts), select)))
+        if tree["parents"].shape[0] > select:
+            for name, shape in shapes.items():
+                results[name].append((tree["step"], picked_value(tree, model_scores(tree, shape), select)))
             results["hindsight"].append((tree["step"], hindsight(tree, select)))
-        learn(tree, rrs_shape.MEMORY, own_sums, own_counts)
-        learn(tree, rrs_shape.MEMORY, sums, counts)
-        learn(tree, rrs_shape.BOOK_MEMORY, book_sums, book_counts)
+        children = tree["parents"][1:]
+        for shape in shapes.values():
+            shape.learn(tree["ranks"][1:], tree["pis"][1:], tree["reach"][children], tree["accepted"][1:])
     return results
 
 
@@ -143,7 +130,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1000)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    results = replay(capture(args), args.select)
+    results = replay(capture(args), args.select, SamplingParams(temperature=args.temperature))
     print(f"T = {args.temperature:g}, trees of {args.budget} cut to {args.select}: mean E[accepted] per tree")
     print("| shape model | all trees | steps 1-3 | steps 4-6 | steps 7+ |\n|---|---|---|---|---|")
     for name, values in results.items():

@@ -75,6 +75,7 @@ class Candidates:
     parents: torch.Tensor  # [c] long, candidate index, -1 at the root
     ranks: torch.Tensor  # [c] long, index in the parent's row (root: 0)
     depths: torch.Tensor  # [c] long
+    pis: torch.Tensor  # [c] float, the rank-th largest q of the parent's row (root: 1)
     scores: torch.Tensor  # [c] float, TreeShape's estimate of log P(the walk reaches it)
     rows: torch.Tensor  # [c] long, the candidate's row in row_ids/row_probs, -1 while unexpanded
     slots: torch.Tensor  # [c] long, draft KV slot, -1 while unexpanded
@@ -85,12 +86,14 @@ class Candidates:
     @classmethod
     def root(cls, root_id: int, root_slot: int, device: torch.device) -> Candidates:
         one = torch.zeros(1, dtype=torch.long, device=device)
-        return cls(token_ids=one + root_id, parents=one - 1, ranks=one, depths=one, scores=torch.zeros(1, device=device),
-                   rows=one - 1, slots=one + root_slot)
+        return cls(token_ids=one + root_id, parents=one - 1, ranks=one, depths=one, pis=torch.ones(1, device=device),
+                   scores=torch.zeros(1, device=device), rows=one - 1, slots=one + root_slot)
 
-    def add_rows(self, expanded: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor, child_scores: torch.Tensor) -> None:
-        """Rows drawn at candidates `expanded` ([k]; ids, probs: [k, W]); their first m draws (child_scores:
-        [k, m]) with q > 0 become candidates, row by row in rank order."""
+    def add_rows(
+        self, expanded: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor, ranked: torch.Tensor, child_scores: torch.Tensor
+    ) -> None:
+        """Rows drawn at candidates `expanded` ([k]; ids, probs: [k, W]); their first m draws (ranked,
+        child_scores: [k, m]) with q > 0 become candidates, row by row in rank order."""
         num, width = child_scores.shape
         self.rows[expanded] = torch.arange(self.num_rows, self.num_rows + num, device=ids.device)
         self.num_rows += num
@@ -102,6 +105,7 @@ class Candidates:
         self.parents = torch.cat([self.parents, parents])
         self.ranks = torch.cat([self.ranks, torch.arange(width, device=ids.device).repeat(num)[live]])
         self.depths = torch.cat([self.depths, self.depths[parents] + 1])
+        self.pis = torch.cat([self.pis, ranked.flatten()[live]])
         self.scores = torch.cat([self.scores, child_scores.flatten()[live]])
         self.rows = torch.cat([self.rows, self.rows.new_full((parents.shape[0],), -1)])
         self.slots = torch.cat([self.slots, self.slots.new_full((parents.shape[0],), -1)])
@@ -144,7 +148,7 @@ class Candidates:
             all_ids, all_probs = torch.cat(self.row_ids), torch.cat(self.row_probs)
             token_ids[expanded] = all_ids[rows[expanded]]
             probs[expanded] = all_probs[rows[expanded]]
-        return Proposals(token_ids=token_ids, probs=probs, ranks=self.ranks[chosen])
+        return Proposals(token_ids=token_ids, probs=probs, ranks=self.ranks[chosen], pis=self.pis[chosen])
 
 
 def grow_rrs_tree(
@@ -177,7 +181,7 @@ def grow_rrs_tree(
         if mask is not None:
             logits = restrict(logits, mask(tree, picks))
         ids, probs, ranked = draw_proposals(logits, draft_params, PROPOSAL_WIDTH, max_children, generator)
-        pool.add_rows(expanded, ids, probs, shape.child_scores(pool.scores[expanded], ranked[:, :max_children]))
+        pool.add_rows(expanded, ids, probs, ranked, shape.child_scores(pool.scores[expanded], ranked))
         chosen = pool.best(limits.budget + 1)
         if forward == limits.max_depth - 1:
             break

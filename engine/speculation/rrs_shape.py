@@ -71,18 +71,18 @@ class TreeShape:
         self.own = book.copy() if book is not None else Evidence.empty(device)
         self.book = book
 
-    def cells(self, ranked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """ranked: [k, w] draft probabilities sorted descending -> (rank bucket, pi bucket), each [k, w]."""
-        ranks = torch.arange(1, ranked.shape[1] + 1, device=ranked.device)
-        nll = -ranked.clamp(min=1e-30).log()
-        return torch.bucketize(ranks, self.rank_edges).expand_as(ranked), torch.bucketize(nll, self.nll_edges)
+    def cells(self, ranks: torch.Tensor, pis: torch.Tensor) -> torch.Tensor:
+        """0-based ranks and pi (same shape, any) -> each (rank, pi) cell's flat index in Evidence."""
+        rank_cell = torch.bucketize(ranks + 1, self.rank_edges)
+        nll_cell = torch.bucketize(-pis.clamp(min=1e-30).log(), self.nll_edges)
+        return rank_cell * (len(NLL_EDGES) + 1) + nll_cell
 
     def child_scores(self, scores: torch.Tensor, ranked: torch.Tensor) -> torch.Tensor:
         """scores: [k] nodes' scores; ranked: [k, w] their draft probabilities sorted descending.
         Returns [k, w]: the score each node's child of rank i would get, non-increasing in i (so the
         children a threshold admits are a prefix of the draw), -inf where pi is 0."""
-        rank_cell, nll_cell = self.cells(ranked)
-        sums, counts = self.own.sums[rank_cell, nll_cell], self.own.counts[rank_cell, nll_cell]
+        cells = self.cells(torch.arange(ranked.shape[1], device=ranked.device).expand_as(ranked), ranked)
+        sums, counts = self.own.sums.view(-1)[cells], self.own.counts.view(-1)[cells]
         beta = (sums + PRIOR_WEIGHT * ranked) / (counts + PRIOR_WEIGHT)
         child = scores[:, None] + beta.clamp(min=1e-30).log() + self.log_decay
         child = child.cummin(dim=-1).values
@@ -90,23 +90,22 @@ class TreeShape:
 
     def observe(self, tree: Tree, node_log_probs: torch.Tensor) -> None:
         """Learn from a verified tree: each child's exact P(accepted first | parent reached)
-        (node_log_probs, rrs.child_log_probs) in its (rank, pi) cell, weighted by the probability
-        that the walk reaches its parent."""
+        (node_log_probs, rrs.child_log_probs), weighted by the probability that the walk reaches its
+        parent."""
         proposals = tree.proposals
         assert proposals is not None
-        ranked = proposals.probs.sort(dim=-1, descending=True).values  # [n, w]
         if tree.num_nodes > 1:
-            parents, ranks = tree.parents[1:], proposals.ranks[1:]
-            rank_cell, nll_cell = self.cells(ranked[parents])
-            rank_cell = rank_cell.gather(1, ranks[:, None]).squeeze(1)
-            nll_cell = nll_cell.gather(1, ranks[:, None]).squeeze(1)
-            flat = rank_cell * self.own.sums.shape[1] + nll_cell
             reach = path_probabilities(tree, node_log_probs)  # [n] P(the walk reaches the node)
-            weight = reach[parents]  # what matters is a child's acceptance where its parent is reached
-            accepted = node_log_probs[1:].exp()
-            self.own.add(MEMORY, flat, weight, accepted)
-            if self.book is not None:
-                self.book.add(BOOK_MEMORY, flat, weight, accepted)
+            self.learn(proposals.ranks[1:], proposals.pis[1:], reach[tree.parents[1:]], node_log_probs[1:].exp())
+
+    def learn(self, ranks: torch.Tensor, pis: torch.Tensor, parent_reach: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Children ([m] each: rank in the parent's draw, pi, P(the walk reaches the parent), P(accepted
+        first | parent reached)) into their (rank, pi) cells, weighted by parent_reach: what matters is
+        a child's acceptance where its parent is reached. Into the book too."""
+        cells = self.cells(ranks, pis)
+        self.own.add(MEMORY, cells, parent_reach, accepted)
+        if self.book is not None:
+            self.book.add(BOOK_MEMORY, cells, parent_reach, accepted)
 
 
 class ShapeBook:
@@ -123,8 +122,7 @@ class ShapeBook:
 
     def shape(self, params: SamplingParams, constrained: bool) -> TreeShape:
         """A new request's TreeShape; constrained: it has a grammar."""
-        reshaped = constrained or bool(params.logit_bias) or params.presence_penalty != 0.0 \
-            or params.frequency_penalty != 0.0 or params.repetition_penalty != 1.0
+        reshaped = constrained or params.uses_penalties or bool(params.logit_bias)
         key = (params.temperature, params.top_p, params.top_k, params.min_p, reshaped)
         book = self.settings.pop(key, None) or Evidence.empty(self.device)
         self.settings[key] = book  # most recently used last

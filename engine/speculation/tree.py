@@ -16,6 +16,7 @@ class Proposals:
     token_ids: torch.Tensor  # [n, w] long, in draw order; rows of unexpanded nodes: 0
     probs: torch.Tensor  # [n, w] float, q of token_ids; 0 where q is 0 and at unexpanded nodes
     ranks: torch.Tensor  # [n] long, each node's index in its parent's row (root: 0)
+    pis: torch.Tensor  # [n] float, the rank-th largest q of the parent's row (root: 1)
 
 
 @dataclass

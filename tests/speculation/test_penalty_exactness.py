@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.runtime import Engine
-from engine.types import SamplingParams
+from engine.types import Request, SamplingParams
 from tests.helpers.reference import penalise
 from tests.helpers.speculation import NAMED_TREES
 from tests.helpers.tiny_models import build_model, build_tokenizer, make_tiny_pair, save_checkpoint
@@ -169,6 +169,41 @@ def test_sampled_with_penalties_follows_the_reference(small_vocab_pair, method, 
     p_first = chi_square_p([s[:1] for s in samples], marginal(exact, 1))
     p_seq = chi_square_p(samples, exact)
     print(f"{method} budget={budget}: p(first token)={p_first:.3g} p({SAMPLED_LEN} tokens)={p_seq:.3g}")
+    assert p_first > 1e-3
+    assert p_seq > 1e-3
+
+
+@pytest.mark.slow
+def test_batched_rrs_requests_sharing_a_shape_book_follow_the_reference(small_vocab_pair):
+    """RRS requests four at a time, overlap off: every request's trees are shaped by the shape book,
+    so by what its batch-mates and predecessors verified before its step; each request alone still
+    follows the reference."""
+    target_dir, draft_dir = small_vocab_pair
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    engine = Engine.load(EngineConfig(
+        model=ModelConfig(target=target_dir, draft=draft_dir),
+        speculation=SpeculationConfig(method="rrs", budget=16, overlap=False),
+        limits=LimitsConfig(max_context=32, max_running=4),
+    ))
+    prompt = [3, 4, 5, 3]
+    exact = reference_distribution(model, prompt, SamplingParams(**SAMPLED_PARAMS))
+    samples = []
+    for first in range(0, NUM_SAMPLES, 4):
+        out: dict[str, list[int]] = {}
+        for seed in range(first, first + 4):
+            params = SamplingParams(seed=seed, max_tokens=SAMPLED_LEN, ignore_eos=True, **SAMPLED_PARAMS)
+            engine.add_request(Request(f"s{seed}", prompt, params))
+            out[f"s{seed}"] = []
+        while engine.num_running:
+            step = engine.step()
+            assert not step.failures
+            for delta in step.deltas:
+                out[delta.request_id].extend(delta.token_ids)
+        samples.extend(tuple(tokens) for tokens in out.values())
+    assert len(engine.shape_book.settings) == 1
+    p_first = chi_square_p([s[:1] for s in samples], marginal(exact, 1))
+    p_seq = chi_square_p(samples, exact)
+    print(f"rrs batched: p(first token)={p_first:.3g} p({SAMPLED_LEN} tokens)={p_seq:.3g}")
     assert p_first > 1e-3
     assert p_seq > 1e-3
 
