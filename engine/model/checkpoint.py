@@ -11,8 +11,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from engine.model import gptq
-from engine.model.runner import SUPPORTED_ARCHS
+from engine.model import families, gptq
 from engine.types import CheckpointError, VocabMismatchError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -43,9 +42,9 @@ def read_config(path: str) -> dict:
     if not config_file.is_file():
         raise CheckpointError(f"{path}: no config.json (expected a local Hugging Face checkpoint folder)")
     config = json.loads(config_file.read_text())
-    archs = config.get("architectures") or []
-    if not any(arch in SUPPORTED_ARCHS for arch in archs):
-        raise CheckpointError(f"{path}: architecture {archs} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+    refused = families.refusal(config.get("architectures") or [])
+    if refused is not None:
+        raise CheckpointError(f"{path}: {refused}")
     gptq.check_loadable(path, config)
     return config
 
