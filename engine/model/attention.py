@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
 MASK_ALIGN = 16  # mask rows start at multiples of 16 elements, as the memory-efficient kernel reads them
-EAGER_SCORES_BYTES = 256 * 2**20  # attend_eager: fp32 scores of at most this many bytes at a time
+EAGER_SCORES_BYTES = 128 * 2**20  # attend_eager: fp32 scores of at most this many bytes at a time
 
 
 def attention_backends(device: torch.device) -> list[SDPBackend]:

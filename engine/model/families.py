@@ -25,6 +25,7 @@ class Family:
     logits_divisor: str | None = None  # config field: logits / value
     logits_multiplier: str | None = None  # config field: logits x value
     logits_softcap: str | None = None  # config field: logits = cap * tanh(logits / cap) when set
+    eager_attention: bool = False  # its attention has sinks: attend_eager, score blocks in memory (the plan counts them)
 
 
 FAMILIES = (
@@ -36,7 +37,7 @@ FAMILIES = (
     Family("Qwen3-MoE", ("Qwen3MoeForCausalLM",)),
     Family("Gemma 3 (text)", ("Gemma3ForCausalLM",), logits_softcap="final_logit_softcapping"),
     Family("Phi-3 / Phi-4", ("Phi3ForCausalLM",)),
-    Family("GPT-OSS (bf16)", ("GptOssForCausalLM",)),
+    Family("GPT-OSS (bf16)", ("GptOssForCausalLM",), eager_attention=True),
     Family("GLM-4", ("Glm4ForCausalLM",)),
     Family("OLMo 2", ("Olmo2ForCausalLM",)),
     Family("Granite", ("GraniteForCausalLM",), embedding_multiplier="embedding_multiplier",

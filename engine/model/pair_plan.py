@@ -72,14 +72,16 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
     target_kernel, draft_kernel = gptq_kernels(config)
     target = config_shapes.weight_bytes(target_cfg, dtype_bytes, target_kernel)
     draft = config_shapes.weight_bytes(draft_cfg, dtype_bytes, draft_kernel) if draft_cfg else None
-    num_resident = target.num_layers
+    resident = list(range(target.num_layers))
     if config.offload.enabled:
-        num_resident = len(plan_resident([target.layer] * target.num_layers, config.offload))
+        resident = plan_resident(list(target.layers), config.offload)
+    num_resident = len(resident)
     streams = num_resident < target.num_layers
+    streamed = [nbytes for idx, nbytes in enumerate(target.layers) if idx not in set(resident)]
     loaded = {
         "target embeddings, norm and head": target.outer,
-        "target resident layers": num_resident * target.layer,
-        "offload ring": config.offload.ring_size * target.layer if streams else 0,
+        "target resident layers": sum(target.layers[idx] for idx in resident),
+        "offload ring": config.offload.ring_size * max(streamed) if streams else 0,  # slots fit the largest
     }
     if draft is not None:
         loaded["draft weights"] = draft.total

@@ -19,9 +19,9 @@ from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.model import families
+from engine.offload.ring import LayerStreamer
 from engine.runtime import Engine
 from engine.types import CheckpointError, Request, SamplingParams
-from engine.offload.ring import LayerStreamer
 from tests.helpers.family_configs import FAMILIES
 from tests.helpers.tiny_models import make_tiny_pair
 
