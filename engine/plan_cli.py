@@ -2,6 +2,7 @@
 
     specexec plan --config configs/llama3.1-70b-instruct.toml --gpu-memory-total 24
     specexec plan --gpu-memory-total 24 --table configs/*.toml  # the README's "What fits a 24 GB card"
+    specexec plan --gpu-memory-total 24 --table Qwen/Qwen3-32B openai/gpt-oss-20b  # known models, streamed
 
 The arithmetic is engine.model.pair_plan (the server's startup plan from config.json shapes); this
 prints it: each item, the total, the KV slots, and when the pair does not fit the server's refusal
@@ -14,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from engine.cli import add_engine_arguments, engine_config_from_args
-from engine.config import engine_config_from, read_config_file
+from engine.config import EngineConfig, engine_config_from, read_config_file
 from engine.model import config_shapes
 from engine.model.pair_plan import CUDA_CONTEXT_BYTES, GB, PairPlan, alternatives, load_dtype, plan_pair
 
@@ -26,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the desktop uses)")
     parser.add_argument("--table", nargs="+", metavar="CONFIG", default=None,
                         help="instead of one plan, a markdown table of these config files' pairs and, where they do "
-                             "not fit, the changes that fit (the README's 24 GB table)")
+                             "not fit, the changes that fit (the README's 24 GB table); an entry that is no file is "
+                             "a model of configs/shapes/models.toml, streamed (--offload) with its draft there")
 
 
 def slots(result: PairPlan) -> str:
@@ -56,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         print_table(args.table, total)
         return 0
     config, _ = engine_config_from_args(args, require_folders=False)
+    config = with_known_draft(config)
     result = plan_pair(config, total)
     print_plan(result, total)
     if result.fits:
@@ -71,6 +74,31 @@ def run(args: argparse.Namespace) -> int:
     return 1
 
 
+def with_known_draft(config: EngineConfig, say: bool = True) -> EngineConfig:
+    """A target named without a draft plans with the draft models.toml names for it (one of its token
+    ids); a target with none plans without speculation. `say`: which, on stdout."""
+    if config.model.draft or config.speculation.method == "autoregressive":
+        return config
+    target, _ = config_shapes.read_model_config(config.model.target)
+    draft = target.get("draft")
+    if draft:
+        if say:
+            print(f"draft: {draft} ({config_shapes.KNOWN_SHAPES.name}'s draft for the target: it shares its token ids)")
+        return config.replace("model", draft=draft)
+    if say:
+        print("no draft given and none known to share the target's token ids: planned without speculation "
+              "(--method autoregressive)")
+    return config.replace("speculation", method="autoregressive")
+
+
+def table_config(entry: str) -> tuple[EngineConfig, str]:
+    """A --table entry's config and name: a config file, or a known model streamed with its known draft."""
+    if Path(entry).is_file():
+        return engine_config_from(read_config_file(entry), {}, entry), Path(entry).name
+    config = engine_config_from({}, {"model": {"target": entry}, "offload": {"enabled": True}})
+    return with_known_draft(config, say=False), f"`{entry}`"
+
+
 def table_row(name: str, flags: str, result: PairPlan) -> str:
     return (f"| {name} | {result.config.model.target} | {result.config.model.draft or '-'} | {flags or 'as configured'} "
             f"| {result.resident_layers} / {result.num_layers} | {slots(result)} | {result.plan.total / GB:.2f} "
@@ -78,12 +106,13 @@ def table_row(name: str, flags: str, result: PairPlan) -> str:
 
 
 def print_table(paths: list[str], total_bytes: int) -> None:
-    """A markdown table: each config's pair as configured, and when it does not fit the alternatives."""
+    """A markdown table: each config's (or known model's) pair as configured, and when it does not fit
+    the alternatives."""
     usable = (total_bytes - CUDA_CONTEXT_BYTES) / GB
     print(f"| config | target | draft | changed | resident layers | KV slots | GB (of {usable:g}) | fits |")
     print("|---|---|---|---|--:|---|--:|---|")
     for path in paths:
-        config, name = engine_config_from(read_config_file(path), {}, path), Path(path).name
+        config, name = table_config(path)
         result = plan_pair(config, total_bytes)
         print(table_row(name, "", result))
         if not result.fits:

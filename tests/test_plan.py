@@ -63,14 +63,34 @@ def test_the_8b_draft_on_24_gb_is_refused_with_the_readme_alternatives(capsys):
     assert len(table) == 4  # as configured, and the three drafts
 
 
-def test_the_readme_table_is_the_commands_output():
+def test_the_readme_tables_are_the_commands_output():
+    """The shipped configs' table and today's models' table (known models, streamed, with their drafts)."""
     readme = (CONFIG_DIR.parent / "README.md").read_text()
-    command = next(line.strip() for line in readme.splitlines()
-                   if line.strip().startswith("specexec plan --gpu-memory-total 24 --table"))
-    argv = command.split()[2:]
-    out = subprocess.run([sys.executable, "-m", "specexec", "plan", *argv], capture_output=True, text=True,
-                         check=True, cwd=CONFIG_DIR.parent).stdout
-    assert out.strip() in readme
+    commands = [line.strip() for line in readme.splitlines()
+                if line.strip().startswith("specexec plan --gpu-memory-total 24 --table")]
+    assert len(commands) == 2
+    for command in commands:
+        argv = command.split()[2:]
+        out = subprocess.run([sys.executable, "-m", "specexec", "plan", *argv], capture_output=True, text=True,
+                             check=True, cwd=CONFIG_DIR.parent).stdout
+        assert out.strip() in readme, command
+
+
+KNOWN = config_shapes.known_models()
+
+
+@pytest.mark.parametrize("name", list(KNOWN))
+def test_every_known_model_plans_from_its_name_alone(name, capsys):
+    """`specexec plan --target <id> --gpu-memory-total 24` answers without a GPU or weights, with the draft
+    models.toml names for it (one of its vocabulary), or without speculation where none is known."""
+    code, out = plan(capsys, "--target", name, "--gpu-memory-total", "24")
+    assert code in (0, 1) and "| total |" in out
+    assert ("what fits instead:" in out or "nothing of the kind" in out) == (code == 1)
+    draft = KNOWN[name].get("draft")
+    if draft is None:
+        assert "planned without speculation" in out
+    else:
+        assert KNOWN[draft]["vocab_family"] == KNOWN[name]["vocab_family"] and f"draft  {draft}" in out
 
 
 def test_a_grouped_gptq_target_counts_the_dequantize_scratch(capsys):

@@ -66,8 +66,9 @@ def check_loadable(path: str, config: dict) -> None:
     if method is None:
         return
     if method not in SUPPORTED_METHODS:
+        hint = "; GPT-OSS runs from bf16 weights (a bf16 copy of the checkpoint)" if method == "mxfp4" else ""
         raise CheckpointError(
-            f"{path}: quantization method {method!r} is not supported; supported: {', '.join(SUPPORTED_METHODS)}"
+            f"{path}: quantization method {method!r} is not supported; supported: {', '.join(SUPPORTED_METHODS)}{hint}"
         )
     missing = missing_modules()
     if missing:

@@ -188,15 +188,17 @@ def same_vocabulary_drafts(config: EngineConfig) -> list[str]:
 def alternatives(config: EngineConfig, total_bytes: int) -> list[tuple[str, PairPlan]]:
     """Changes of the kind the refusal names that make `config` fit: (flags, plan), fewest changes first."""
     found: list[tuple[str, PairPlan]] = []
-    fewer = most_resident_that_fit(config, total_bytes) if config.offload.enabled else None
+    offload = "" if config.offload.enabled else "--offload "  # a resident target that does not fit streams
+    fewer = most_resident_that_fit(config, total_bytes)
     if fewer is not None:
-        found.append((gpu_memory_flag(fewer), fewer))
+        found.append((offload + gpu_memory_flag(fewer), fewer))
     for draft in same_vocabulary_drafts(config):
         result = most_resident_that_fit(config.replace("model", draft=draft), total_bytes)
         if result is not None:
-            found.append((f"--draft {draft} {gpu_memory_flag(result)}", result))
-    if config.offload.enabled and fewer is None:  # not even streaming every layer fits: a shorter context?
-        shorter = largest_fitting_context(config.replace("offload", resident_layers=0, gpu_memory=None), total_bytes)
+            found.append((f"{offload}--draft {draft} {gpu_memory_flag(result)}", result))
+    if fewer is None:  # not even streaming every layer fits: a shorter context?
+        streamed = config.replace("offload", enabled=True, resident_layers=0, gpu_memory=None)
+        shorter = largest_fitting_context(streamed, total_bytes)
         if shorter is not None:
-            found.append((f"--max-context {shorter.inputs.max_context} --resident-layers 0", shorter))
+            found.append((f"{offload}--max-context {shorter.inputs.max_context} --resident-layers 0", shorter))
     return found
