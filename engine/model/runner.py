@@ -27,8 +27,6 @@ from engine.model.attention import additive_mask, attend, attention_backends, wi
 from engine.model.hf_attention import GroupInputs, SegmentInputs, engine_attention
 from engine.model.kv_cache import KVCache
 
-SUPPORTED_ARCHS = families.SUPPORTED_ARCHS
-
 
 class LayerSource(Protocol):
     """Hands out decoder layers for one pass; the offload streamer implements this too."""
@@ -163,14 +161,18 @@ class DecoderRunner:
         self.layers.begin_pass()
         with self._attention_kernels(), engine_attention(self.config):
             for idx in range(self.layers.num_layers):
-                rotary_key = self.rotary_keys[idx]
                 with self.layers.layer(idx) as layer:
                     for g, plan in enumerate(plans):
-                        hidden[g] = layer(  # the family's own decoder layer; attention: hf_attention
-                            hidden[g], attention_mask=None, position_ids=plan.position_ids,
-                            position_embeddings=plan.rotary[rotary_key], specexec_group=plan, specexec_layer=idx,
-                        )
+                        hidden[g] = self._run_layer(layer, idx, hidden[g], plan)
         return [self._logits(group, plan, h) for group, plan, h in zip(groups, plans, hidden, strict=True)]
+
+    def _run_layer(self, layer: nn.Module, idx: int, hidden: torch.Tensor, plan: GroupInputs) -> torch.Tensor:
+        """hidden [1, rows, hidden] through the family's own decoder layer (its attention module calls the
+        engine's attention: hf_attention, with this group and layer passed through the layer's kwargs)."""
+        return layer(
+            hidden, attention_mask=None, position_ids=plan.position_ids,
+            position_embeddings=plan.rotary[self.rotary_keys[idx]], specexec_group=plan, specexec_layer=idx,
+        )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[n] ids -> [n, hidden], scaled as the model scales them; with fallback_input_id, ids past the
