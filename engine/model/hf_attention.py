@@ -124,12 +124,14 @@ AttentionInterface.register(ENGINE_ATTENTION, engine_attention_forward)
 
 @contextmanager
 def engine_attention(config) -> Iterator[None]:
-    """The model's attention modules call the engine's attention while inside (its config's
-    `_attn_implementation`, read at every call; transformers 5.17-5.24 keep it there); restored after,
-    so the same model's own forward runs as loaded (tests compare against it)."""
-    previous = config._attn_implementation
-    config._attn_implementation = ENGINE_ATTENTION
+    """The model's attention modules call the engine's attention while inside: the config's
+    `_attn_implementation`, which they read at every call, names it; restored after, so the same model's
+    own forward runs as loaded (tests compare against it). Set on the field behind the property
+    (`_attn_implementation_internal`, transformers 5.17-5.24), not through the property's setter, which
+    validates and recurses into sub-configs: ~30 us a pass on the CPU (a text model has none)."""
+    previous = config._attn_implementation_internal
+    object.__setattr__(config, "_attn_implementation_internal", ENGINE_ATTENTION)
     try:
         yield
     finally:
-        config._attn_implementation = previous
+        object.__setattr__(config, "_attn_implementation_internal", previous)

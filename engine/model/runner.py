@@ -13,7 +13,7 @@ modules; the few model-level multipliers transformers keeps in `forward` come fr
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -26,6 +26,19 @@ from engine.model import families
 from engine.model.attention import additive_mask, attend, attention_backends, window_masks
 from engine.model.hf_attention import GroupInputs, SegmentInputs, engine_attention
 from engine.model.kv_cache import KVCache
+
+# wrappers transformers puts around a decoder layer's forward that do nothing in the engine's pass, skipped
+# (by the wrapper function's own name): gradient checkpointing (training only; 5.24 wraps forward, 5.17
+# overrides __call__) and deprecate_kwarg (renames a cache kwarg the engine never passes). ~10 us a layer.
+PASS_THROUGH_WRAPPERS = ("forward_with_checkpointing", "wrapped_func")
+
+
+def plain_forward(layer_class: type) -> Callable[..., torch.Tensor]:
+    """The layer class's forward without the pass-through wrappers (any other wrapper is kept)."""
+    forward = layer_class.forward
+    while getattr(forward, "__code__", None) is not None and forward.__code__.co_name in PASS_THROUGH_WRAPPERS:
+        forward = forward.__wrapped__
+    return forward
 
 
 class LayerSource(Protocol):
@@ -100,6 +113,9 @@ class DecoderRunner:
         self.fallback_input_id: int | None = None
         self.windows = families.layer_windows(cfg, self.hf_layers)  # per layer, None = full
         self.rotary_keys = self._rotary_keys()  # per layer: which rotary table it reads
+        self.rotary_key_set = sorted(set(self.rotary_keys), key=str)
+        # per layer: its class's forward, called as forward(layer, ...): no module hooks (the engine sets none)
+        self.layer_forwards = [plain_forward(type(layer)) for layer in self.hf_layers]
         self.attention_backends: list[SDPBackend] | None = None  # None: by device; a GPU check may pin one
 
     def _rotary_keys(self) -> list[str | None]:
@@ -169,9 +185,9 @@ class DecoderRunner:
     def _run_layer(self, layer: nn.Module, idx: int, hidden: torch.Tensor, plan: GroupInputs) -> torch.Tensor:
         """hidden [1, rows, hidden] through the family's own decoder layer (its attention module calls the
         engine's attention: hf_attention, with this group and layer passed through the layer's kwargs)."""
-        return layer(
-            hidden, attention_mask=None, position_ids=plan.position_ids,
-            position_embeddings=plan.rotary[self.rotary_keys[idx]], specexec_group=plan, specexec_layer=idx,
+        return self.layer_forwards[idx](
+            layer, hidden, position_ids=plan.position_ids, position_embeddings=plan.rotary[self.rotary_keys[idx]],
+            specexec_group=plan, specexec_layer=idx,
         )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -187,7 +203,7 @@ class DecoderRunner:
         an explicit `allowed`."""
         positions = torch.cat([s.position_ids for s in group])[None]  # [1, rows]
         like = self.embed_tokens.weight[:1, None]  # the rotary module reads dtype and device off it
-        rotary = {key: self._rotary(like, positions, key) for key in set(self.rotary_keys)}
+        rotary = {key: self._rotary(like, positions, key) for key in self.rotary_key_set}
         inputs, row = [], 0
         for s in group:
             num_tokens = s.input_ids.shape[0]
@@ -208,6 +224,8 @@ class DecoderRunner:
     def _logits(self, group: list[Segment], plan: GroupInputs, hidden: torch.Tensor) -> list[torch.Tensor | None]:
         """norm + head (+ the family's logit scaling) over the rows the segments ask for, in one call;
         split back per segment."""
+        if len(group) == 1 and group[0].logit_rows is None:  # one segment, every row: no row selection
+            return [families.scale_logits(self.family, self.config, self.lm_head(self.norm(hidden)))[0].float()]
         rows, counts = [], []
         for s, inputs in zip(group, plan.segments, strict=True):
             wanted = torch.arange(inputs.row_begin, inputs.row_end, device=hidden.device)

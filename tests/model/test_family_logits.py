@@ -5,12 +5,14 @@ window masks, sinks, soft-capping); prefill runs layer-major in chunks, then a t
 logits equal a plain transformers forward of its path (prompt + ancestors), in fp32. Sliding windows
 (WINDOW) are shorter than the paths, so they bind. Also: a pass over several segments at once equals
 each alone, the engine's attention is what runs (removing sinks or soft-capping breaks the families
-that have them), and the model's own forward is untouched after a pass."""
+that have them), the model's own forward is untouched after a pass, and a target pass reads no tensor
+on the host (no op that would sync a GPU: .item(), .tolist(), nonzero, ...)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import engine.model.hf_attention as hf_attention
 from engine.model.runner import DecoderRunner, Segment
@@ -103,3 +105,52 @@ def test_removing_a_family_feature_is_detected(models, family, dropped, monkeypa
     tree = tree_pass(runner, prompt, tree_ids)
     monkeypatch.undo()
     assert max_error(model, prompt, tree_ids, tree) > 100 * TOL
+
+
+HOST_READS = {  # ops that copy a device tensor's values to the host (a GPU sync) or size a result by them;
+    # under inference mode .item() dispatches as aten.item and .tolist() shows as resolve_conj/resolve_neg
+    "aten._local_scalar_dense.default", "aten.item.default", "aten.resolve_conj.default", "aten.resolve_neg.default",
+    "aten.nonzero.default", "aten.equal.default", "aten.is_nonzero.default",
+    "aten.masked_select.default", "aten._unique2.default", "aten.unique_consecutive.default",
+    "aten.repeat_interleave.Tensor",
+}
+
+
+class OpRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def recorded_tree_pass(runner: DecoderRunner) -> set[str]:
+    """The ops of one tree pass after a prefill (the pass a speculation step runs)."""
+    prompt, tree_ids = inputs(7)
+    cache = runner.new_cache(64)
+    runner.prefill(prompt, cache, 4)
+    cache.length = prompt.shape[0]
+    ancestors, depths = ancestors_and_depths(PARENTS)
+    recorder = OpRecorder()
+    with recorder:
+        runner.forward(tree_ids, PROMPT_LEN + depths, cache, PROMPT_LEN, prefix_tree_mask(ancestors, PROMPT_LEN))
+    return recorder.ops
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_target_pass_reads_nothing_on_the_host(models, family):
+    ops = recorded_tree_pass(DecoderRunner(models(family)))
+    assert ops and not ops & HOST_READS, sorted(ops & HOST_READS)
+
+
+def test_a_host_read_in_the_layer_path_is_detected(models, monkeypatch):
+    attend_layer = hf_attention.attend_layer
+
+    def reading(group, layer_idx, query, *rest):
+        float(query[0, 0, 0])  # .item(): a host read
+        return attend_layer(group, layer_idx, query, *rest)
+
+    monkeypatch.setattr(hf_attention, "attend_layer", reading)
+    assert recorded_tree_pass(DecoderRunner(models("llama"))) & HOST_READS
