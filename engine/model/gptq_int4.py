@@ -76,12 +76,15 @@ def applies(module: nn.Module, compute_device: torch.device) -> str | None:
 
 
 def pack_for(values: torch.Tensor, compute_device: torch.device) -> torch.Tensor:
-    """[N, K] int32 4-bit values -> the kernel's packed layout for `compute_device` (on the host)."""
+    """[N, K] int32 4-bit values (on `compute_device`) -> the kernel's packed layout, on the host.
+
+    Both converters need contiguous input (CUDA's checks it; a transposed view's elementwise results
+    keep its strides), so the values and the byte pairs are made contiguous first."""
+    values = values.contiguous()
     if compute_device.type == "cpu":
-        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(values.contiguous(), CPU_INNER_K_TILES)
-    pairs = (values[:, ::2] << 4 | values[:, 1::2]).to(torch.uint8)  # CUDA-only: torchao's byte order
-    packed = torch.ops.aten._convert_weight_to_int4pack(pairs.to(compute_device), CUDA_INNER_K_TILES)
-    return packed.cpu()
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, CPU_INNER_K_TILES)
+    pairs = (values[:, ::2] << 4 | values[:, 1::2]).to(torch.uint8).contiguous()  # CUDA-only: torchao's byte order
+    return torch.ops.aten._convert_weight_to_int4pack(pairs, CUDA_INNER_K_TILES).cpu()
 
 
 class Int4Linear(nn.Module):
@@ -115,22 +118,26 @@ class Int4Linear(nn.Module):
 
 
 def from_gptq(module: nn.Module, compute_device: torch.device) -> Int4Linear:
-    """The int4 form of a loaded gptqmodel quantized linear (its checks passed: `applies`)."""
+    """The int4 form of a loaded gptqmodel quantized linear (its checks passed: `applies`). The repack
+    runs on `compute_device` (milliseconds per matrix on a GPU; ~90 ns per weight on one CPU thread);
+    the module's tensors come back on the device the quantized module was on (the host, to stream)."""
     k, n, group = module.in_features, module.out_features, module.group_size
-    q = unpack_rows(module.qweight.cpu())[:k]  # [K, N]
-    zeros = unpack_cols(module.qzeros.cpu())[:, :n]  # [K / group, N]
+    home = module.qweight.device
+    q = unpack_rows(module.qweight.to(compute_device))[:k]  # [K, N]
+    zeros = unpack_cols(module.qzeros.to(compute_device))[:, :n]  # [K / group, N]
     if module.qzero_format() == 1:  # zero points stored minus one (the v1 file form)
         zeros = zeros + 1
-    g_idx = module.g_idx.long().cpu()
+    g_idx = module.g_idx.to(compute_device, torch.long)
     perm = None
-    if not torch.equal(g_idx, torch.arange(k) // group):
+    if not torch.equal(g_idx, torch.arange(k, device=compute_device) // group):
         perm = torch.argsort(g_idx, stable=True)
         q = q[perm]
-    scales = module.scales.cpu().float()  # [K / group, N]
+    scales = module.scales.to(compute_device, torch.float32)  # [K / group, N]
     scales_and_zeros = torch.stack([scales, scales * (8 - zeros.float())], dim=-1).to(torch.bfloat16)
-    bias = module.bias.detach().cpu() if getattr(module, "bias", None) is not None else None
-    return Int4Linear(k, n, group, compute_device.type, pack_for(q.T, compute_device), scales_and_zeros,
-                      perm, bias).to(module.qweight.device)
+    bias = module.bias.detach() if getattr(module, "bias", None) is not None else None
+    packed = pack_for(q.T, compute_device)  # on the host
+    return Int4Linear(k, n, group, compute_device.type, packed.to(home), scales_and_zeros.to(home),
+                      None if perm is None else perm.to(home), None if bias is None else bias.to(home))
 
 
 def replace_with_int4(layers: list[nn.Module], quantized: list[dict[str, nn.Module]], compute_device: torch.device) -> int:
