@@ -39,7 +39,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
     "--specinfer-temperature": ("speculation", "specinfer_temperature", float,
                                 "method specexec: unseeded requests at this temperature or above grow SpecInfer trees"),
     "--overlap": ("speculation", "overlap", "on_off", "on: the draft grows trees while the target scores them "
-                  "(and seeds the next tree); off: draft, then target"),
+                  "(and seeds the next tree); off: draft, then target; auto (default): on for CUDA, off on a CPU"),
     "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),
     "--resident-layers": ("offload", "resident_layers", int,
                           "target layers kept on the device (default: as many as --gpu-memory allows)"),
@@ -56,13 +56,13 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                         "(keeps a pass within twice its cost)"),
 }
 CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "rrs", "autoregressive"),
-           "--offload-source": ("ram", "disk"), "--overlap": ("on", "off"),
+           "--offload-source": ("ram", "disk"), "--overlap": ("auto", "on", "off"),
            "--gptq-kernel": ("auto", "int4", "dequantize")}
 
 
 def on_off(text: str) -> bool | str:
-    """'on' / 'off' -> True / False; anything else is kept for the config to refuse, naming the field."""
-    return {"on": True, "off": False}.get(text.lower(), text)
+    """'on' / 'off' -> True / False, 'auto' kept; anything else is kept for the config to refuse, naming the field."""
+    return {"on": True, "off": False, "auto": "auto"}.get(text.lower(), text)
 
 
 class CliError(Exception):

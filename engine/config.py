@@ -76,12 +76,21 @@ class SpeculationConfig:
     # tokens per pass (docs/bench/acceptance.md). Seeded requests keep SpecExec trees, whose text is a
     # function of (seed, position) alone. Above 2, the API's largest temperature: SpecExec trees always.
     specinfer_temperature: float = 0.85
-    # the draft grows the trees on while the target scores them (in another thread; on CUDA its own
-    # stream), and what it grew under the step's outcome seeds the next tree; off: draft, then target
-    overlap: bool = True
+    # the draft grows the trees on while the target scores them (in another thread; on CUDA the pass
+    # and the draft on streams of their own), and what it grew under the step's outcome seeds the next
+    # tree; off: draft, then target. auto: on for CUDA, off on a CPU, where the pass is compute-bound
+    # and overlap measured 0.86-0.98x (docs/bench/overlap.md)
+    overlap: bool | Literal["auto"] = "auto"
+
+    def resolved(self, device_type: str) -> SpeculationConfig:
+        """This config with overlap 'auto' decided for a device of `device_type`."""
+        if self.overlap != "auto":
+            return self
+        return dataclasses.replace(self, overlap=device_type == "cuda")
 
     def extension_budget(self, budget: int) -> int:
         """Nodes a tree may grow to during its pass (overlap): EXTENSION_FACTOR x the step's budget; 0 off."""
+        assert self.overlap != "auto", "resolve overlap for the device first (SpeculationConfig.resolved)"
         return EXTENSION_FACTOR * budget if self.overlap else 0
 
     def tree_method(self, greedy: bool, temperature: float, seeded: bool) -> Method:
@@ -116,6 +125,8 @@ class SpeculationConfig:
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, f"speculation.{name}", f"must be >= 1, got {value!r}")
         require(0.0 < self.decay <= 1.0, "speculation.decay", f"must be in (0, 1], got {self.decay!r}")
+        require(self.overlap in (True, False, "auto"), "speculation.overlap",
+                f"must be on, off or auto, got {self.overlap!r}")
         require(
             isinstance(self.greedy_tree_temperature, int | float) and 0.0 < self.greedy_tree_temperature <= 2.0,
             "speculation.greedy_tree_temperature",

@@ -27,7 +27,7 @@ from engine.config import EngineConfig, SpeculationConfig
 from engine.model import checkpoint, faults, memory, memory_plan
 from engine.model.kv_pool import Acquired, KVPool, KVSlot
 from engine.model.pair import LoadedPair, load_pair
-from engine.offload.device import SideStream
+from engine.offload.device import PassStreams
 from engine.scheduler import Running, Scheduler
 from engine.speculation.batch import run_batch
 from engine.speculation.budget import BudgetTracker, calibration_budgets
@@ -57,6 +57,7 @@ CALIBRATION_TEXT = "def main(argv):\n    for index, value in enumerate(argv):\n 
 class Engine:
     def __init__(self, pair: LoadedPair, config: EngineConfig):
         self.pair = pair
+        config = dataclasses.replace(config, speculation=config.speculation.resolved(pair.target.device.type))
         self.config = config
         self.tokenizer = pair.tokenizer
         self.eos_token_ids = pair.eos_token_ids
@@ -69,7 +70,7 @@ class Engine:
         self.grammars = GrammarCache(self.tokenizer, pair.target.vocab_size, sorted(self.eos_token_ids))
         self.max_running = config.limits.max_running
         overlap = spec.overlap and pair.draft is not None and spec.method != "autoregressive"
-        self.side_stream = SideStream(self.device) if overlap else None  # the draft beside the target pass
+        self.pass_streams = PassStreams(self.device) if overlap else None  # the draft beside the target pass
         self.pool: KVPool | None = None  # allocated by reserve_memory (or the first request)
         self.shape_book = ShapeBook(self.device, config.speculation.decay)  # RRS trees' evidence across requests
         self.scheduler: Scheduler | None = None
@@ -311,7 +312,7 @@ class Engine:
         scheduled = scheduler.schedule(total)
         batch = [running for running, _ in scheduled]
         try:
-            outcome = run_batch(self.pair.target, [item for _, item in scheduled], self.side_stream)
+            outcome = run_batch(self.pair.target, [item for _, item in scheduled], self.pass_streams)
         except Exception as exc:
             error = self._step_error(batch, exc)  # EngineFault raises from here
             del scheduled  # with the exception's frames cleared, the step's tensors are free

@@ -130,6 +130,7 @@ class Scheduler:
             target_seconds=outcome.target_seconds,
             step_seconds=time.perf_counter() - step_begin,
             overlap_seconds=outcome.overlap_seconds,
+            extension_forwards=outcome.extension_forwards,
         )
         return output
 

@@ -130,6 +130,7 @@ class StepStats:
     pass_tokens: int = 0  # tokens the pass scored: every request's tree and prompt tokens prefilled in it
     expected_accepted: float | None = None  # E[num_accepted | this tree] (sample-and-match); None: not known
     overlap_seconds: float = 0.0  # draft work beside the target pass (overlap), within target_seconds
+    extension_forwards: int = 0  # draft passes beside the target pass (overlap), all requests' together
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ class PassStats:
     target_seconds: float
     step_seconds: float
     overlap_seconds: float = 0.0  # draft work beside the target pass, within target_seconds
+    extension_forwards: int = 0  # draft passes beside the target pass
 
 
 @dataclass

@@ -24,11 +24,22 @@ def streamed_layers(runner: DecoderRunner) -> tuple[list[int], list[torch.Tensor
 
 def free_device_memory(device: torch.device) -> int:
     """Bytes `device` can still allocate: CUDA's free memory plus what PyTorch's caching allocator
-    holds unused; on CPU the host's available memory."""
+    holds unused, and under a per-process memory fraction (torch.cuda.set_per_process_memory_fraction,
+    which mem_get_info ignores) no more than the cap minus what is allocated; on CPU the host's
+    available memory."""
     if device.type == "cuda":  # CUDA-only
-        free, _total = torch.cuda.mem_get_info(device)
-        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        free, total = torch.cuda.mem_get_info(device)
+        allocated = torch.cuda.memory_allocated(device)
+        available = free + torch.cuda.memory_reserved(device) - allocated
+        return min(available, int(memory_fraction(device) * total) - allocated)
     return host_memory_available()
+
+
+def memory_fraction(device: torch.device) -> float:
+    """The caching allocator's per-process cap as a fraction of the device's memory (1.0: none set;
+    torch releases without the getter: taken as none)."""
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # CUDA-only
+    return 1.0 if getter is None else float(getter(device))
 
 
 def plan_inputs(
