@@ -184,3 +184,25 @@ def test_sync_sites_count_only_sync_warnings():
     sites = sync_sites(caught)
     assert sites == ["verify.py:40", "verify.py:40", "step.py:130"]
     assert site_summary(sites) == "verify.py:40 x2, step.py:130"
+
+
+def test_host_syncs_are_attributed_to_the_thread_and_the_pass_that_made_them():
+    """The overlapped pass runs in its own thread while the engine's thread grows the draft: a sync made
+    in the pass counts for the pass (in whichever thread), the engine thread's own for the step."""
+    import threading
+    from types import SimpleNamespace
+
+    from bench.gpu_check.probes import counted_syncs, marking_passes
+
+    def sync() -> None:
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+
+    runner = SimpleNamespace(forward_groups=lambda groups: sync())
+    with counted_syncs(torch.device("cpu")) as caught, marking_passes(runner):
+        thread = threading.Thread(target=runner.forward_groups, args=([],), name="target-pass")
+        thread.start()
+        thread.join()
+        sync()  # the engine thread, outside the pass
+        runner.forward_groups([])  # a pass in the engine thread (overlap off)
+    assert [(s.thread, s.in_pass) for s in caught] == [("target-pass", True), ("MainThread", False),
+                                                        ("MainThread", True)]
