@@ -71,7 +71,8 @@ def test_it_imports_engine_code_only():
     """The GPU machine has torch and transformers, not the server's packages."""
     modules = ", ".join(
         f"bench.gpu_check.{name}"
-        for name in ("__main__", "build", "links", "equality", "overlap", "steps", "serving", "bench_row", "header")
+        for name in ("__main__", "build", "links", "equality", "overlap", "steps", "serving", "bench_row", "header",
+                     "fullshape")
     )
     code = f"import sys, {modules}; print(sorted({{m.split('.')[0] for m in sys.modules}}))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
@@ -106,6 +107,25 @@ def test_tiny_run_on_cpu_reports_every_section(tmp_path, capsys):
     assert all(r[1] != "no SDPA op seen" and r[4] == r[5] == "n/a (CPU)" for r in kernels)
     assert len(table(text, "disk source read")) == 1
     assert [r[0] for r in table(text, "method")] == ["Autoregressive", "SpecExec"]
+
+
+def test_tiny_full_shape_section_runs_every_table(tmp_path, capsys):
+    """The full-shape section rehearsed at tiny shapes: int4 layers packed for the compute device and
+    streamed, a draft beside them, every table filled; on a GPU it only has to be run."""
+    args = ["--allow-cpu", "--tiny", "--work-dir", str(tmp_path), "--sections", "fullshape"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "; 0 FAILED; 0 MISMATCH;" in text.splitlines()[-1]
+    assert [r[0] for r in table(text, "rows per call")] == [str(n) for n in TINY.full.kernel_tokens]
+    assert [r[0] for r in table(text, "tokens", "compute ms")] == ["1", *(str(b + 1) for b in TINY.full.budgets)]
+    steps = table(text, "budget", "overlap", "streams")
+    assert [(r[0], r[1], r[2]) for r in steps] == [(str(b), o, str(s)) for b in TINY.full.budgets
+                                                    for o in ("off", "on") for s in TINY.full.streams]
+    assert all(float(r[9]) >= 1 for r in steps)  # tokens per pass
+    assert all(r[7] == "0" for r in steps if r[1] == "off") and any(int(r[7]) > 0 for r in steps if r[1] == "on")
+    assert len(table(text, "median step before ms")) == 1
+    users = table(text, "acceptance (tokens per pass)")
+    assert users[-1][0] == "autoregressive (same run)" and len(users) == 4
 
 
 def test_the_built_weights_are_non_zero_and_differ_between_layers(tmp_path):
