@@ -124,7 +124,7 @@ def fullshape_section(ctx: CheckContext) -> None:
     cuda = device.type == "cuda"
     if cuda:  # CUDA-only: a 24 GB card emulated
         total = torch.cuda.mem_get_info(device)[1]
-        torch.cuda.set_per_process_memory_fraction(min(1.0, full.memory_cap_gb * GB / total), device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, full.memory_cap_gb * GB / total), device.index or 0)
     try:
         kernels = kernel_rows(full, device, ctx.dtype)
         print_kernels(ctx, kernels)
@@ -141,7 +141,7 @@ def fullshape_section(ctx: CheckContext) -> None:
             engine.close()
     finally:
         if cuda:  # CUDA-only
-            torch.cuda.set_per_process_memory_fraction(1.0, device)
+            torch.cuda.set_per_process_memory_fraction(1.0, device.index or 0)
 
 
 def streamed_gb(engine: Engine) -> float:
