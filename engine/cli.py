@@ -23,9 +23,9 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
     "--device": ("model", "device", str, "auto (cuda if available), cpu or cuda[:N]"),
     "--threads": ("model", "threads", int, "CPU threads for torch's kernels; 0: auto (the usable cores less one, "
                   "at least 1, at most 16; on CUDA: 1)"),
-    "--gptq-kernel": ("model", "gptq_kernel", str, "GPTQ checkpoints: int4 (torch's int4 matmul), dequantize "
-                      "(gptqmodel's torch kernel, the whole matrix per call) or auto (int4 on CPU unless the "
-                      "target streams from disk; dequantize on CUDA)"),
+    "--gptq-kernel": ("model", "gptq_kernel", str, "GPTQ checkpoints: int4 (repacked at load; torch's int4 matmul, "
+                      "on CUDA a bf16 matrix once per call of many rows), dequantize (gptqmodel's torch kernel, "
+                      "the whole matrix per call) or auto (int4 where it applies, unless the target streams from disk)"),
     "--method": ("speculation", "method", str, "specexec, specinfer, rrs or autoregressive (no draft)"),
     "--budget": ("speculation", "budget", str, "draft tokens per tree, or auto (measured at startup and from traffic)"),
     "--max-expand": ("speculation", "max_expand", int, "K: leaves expanded per draft forward"),

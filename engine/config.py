@@ -34,9 +34,9 @@ class ModelConfig:
     device: str = "auto"  # auto: cuda if available else cpu
     name: str = ""  # model id served over HTTP; default: target folder name
     threads: int = 0  # CPU threads for torch's kernels; 0: auto (engine.cli.auto_threads)
-    # GPTQ checkpoints: int4 (torch's int4 matmul on bf16 activations, no dense weight per call),
-    # dequantize (gptqmodel's torch kernel: the whole matrix per call), auto (int4 on CPU where it
-    # applies, except a target streamed from disk; dequantize on CUDA until checked on a GPU)
+    # GPTQ checkpoints: int4 (repacked at load; torch's int4 matmul on bf16 activations, on CUDA a
+    # bf16 matrix once per call of many rows: engine.model.gptq_int4), dequantize (gptqmodel's torch
+    # kernel: the whole matrix per call), auto (int4 where it applies, except a target streamed from disk)
     gptq_kernel: str = "auto"
 
     def __post_init__(self) -> None:

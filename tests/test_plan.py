@@ -71,9 +71,13 @@ def test_the_readme_table_is_the_commands_output():
     assert out.strip() in readme
 
 
-def test_a_grouped_gptq_target_counts_the_dequantize_scratch(capsys):
-    code, out = plan(capsys, "--config", str(CONFIG_DIR / "llama2-70b-chat-gptq.toml"), "--gpu-memory-total", "24")
-    scratch = 7 * 8192 * 28672  # the largest matrix, 7 bytes a weight
+@pytest.mark.parametrize(("kernel", "bytes_per_weight"), [("auto", 5), ("int4", 5), ("dequantize", 7)])
+def test_a_grouped_gptq_target_counts_the_dequantize_scratch(capsys, kernel, bytes_per_weight):
+    """gptqmodel's dequantize kernel: 7 bytes a weight of the largest matrix per call; the int4 kernel
+    (auto on CUDA) dequantizes calls of many rows to bf16 once: 5."""
+    code, out = plan(capsys, "--config", str(CONFIG_DIR / "llama2-70b-chat-gptq.toml"), "--gpu-memory-total", "24",
+                     "--gptq-kernel", kernel)
+    scratch = bytes_per_weight * 8192 * 28672  # the largest matrix
     assert f"| GPTQ dequantization scratch | {scratch / GB:.2f} |" in out
 
 

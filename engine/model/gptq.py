@@ -159,15 +159,12 @@ def int4_refusals(model: nn.Module, compute_device: torch.device) -> list[str]:
 def select_kernel(model: nn.Module, requested: str, compute_device: torch.device) -> str:
     """Run `model`'s quantized layers (made streamable) on the int4 kernel or keep the dequantize one;
     returns the kernel chosen. requested: int4 (ConfigError where it cannot run), dequantize, or auto
-    (int4 where it can run on CPU)."""
+    (int4 where it can run)."""
     from engine.model import gptq_int4
 
     if requested == "dequantize":
         return "dequantize"
-    reasons = []
-    if requested == "auto" and compute_device.type != "cpu":
-        reasons.append("auto picks int4 on CPU only (the CUDA kernel is not yet checked on a GPU; --gptq-kernel int4)")
-    reasons += int4_refusals(model, compute_device)
+    reasons = int4_refusals(model, compute_device)
     if reasons and requested == "int4":
         raise ConfigError("model.gptq_kernel", f"the int4 kernel cannot run this checkpoint: {'; '.join(reasons[:3])}; "
                           "use --gptq-kernel dequantize (or auto)")

@@ -9,15 +9,23 @@ and `aten._weight_int4pack_mm_for_cpu` multiply bf16 activations by 4-bit weight
 packed layout, grouped along the input dimension, dequantised as (q - 8) * scale + zero.
 
 GPTQ stores w[k, n] = scale[g(k), n] * (q[k, n] - z[g(k), n]) with q packed eight per int32 along k
-(qweight [K / 8, N]) and g(k) = g_idx[k]. The repack, once at load, per module:
+(qweight [K / 8, N]) and g(k) = g_idx[k]. The repack, once at load, per module (on the compute device):
 - act-order (g_idx not k // group_size): sort the input rows by group (`perm`); the activations are
   gathered the same way on every call, x[:, perm] @ W[perm] = x @ W;
-- q transposed to [N, K] and packed by torch's converter for the compute device's kernel;
+- q transposed to [N, K]: on CPU packed by torch's converter for the CPU kernel; on CUDA kept as
+  nibble pairs [N, K / 2] uint8 (even k in the high nibble, torchao's byte order);
 - scales_and_zeros [K / group_size, N, 2] bf16: (scale, scale * (8 - z)).
 The results are registered buffers (packed, scales_and_zeros, perm, bias), so the module streams
 like any layer: 4-bit weights, 0.5 byte each, plus 4 bytes of scale and zero per group and column.
 The disk source reads the checkpoint's own packing, which this kernel cannot use, so a target
 streamed from disk keeps the dequantize kernel.
+
+On CUDA the kernel is chosen per call by its rows (measured on an H100 with 70B-shaped layers,
+docs/bench/gpu.md): tinygemm's cost grows with the rows (one layer: 0.4 ms at 1 row, 3.9 at 64, 15 at
+257, 58 at 1025), so a call of up to TINYGEMM_MAX_ROWS rows converts the nibbles to tinygemm's tiled
+layout on the device (a memory-bound pass over 0.5 byte per weight) and runs tinygemm; a larger call
+dequantizes the matrix to bf16 once ((q - 8) x scale + zero, as tinygemm computes it) and runs one
+dense matmul, whose cost hardly grows with the rows: a tree pass of hundreds of rows stays copy-bound.
 
 Activations are cast to bf16 and the products come back in bf16 (the kernels' only fast path on CPU:
 0.44 ms against 31 ms with fp32 activations for a 1024 x 8192 matrix at one token here), then cast to
@@ -34,6 +42,8 @@ GROUP_SIZES = (32, 64, 128, 256)  # what the kernels accept
 CPU_N_MULTIPLE = 16  # the CPU converter's rows per block
 CUDA_INNER_K_TILES = 8  # tinygemm: K must be a multiple of 16 x this
 CPU_INNER_K_TILES = 2  # ignored by the CPU layout, required by the signature
+TINYGEMM_MAX_ROWS = 32  # CUDA: calls of up to this many rows run tinygemm, larger ones dequantize once
+DEQUANT_BYTES_PER_WEIGHT = 5  # CUDA dequantize path's scratch: uint8 values, bf16 (q - 8), bf16 weight
 
 
 def unpack_rows(packed: torch.Tensor, bits: int = 4) -> torch.Tensor:
@@ -75,16 +85,30 @@ def applies(module: nn.Module, compute_device: torch.device) -> str | None:
     return None
 
 
-def pack_for(values: torch.Tensor, compute_device: torch.device) -> torch.Tensor:
-    """[N, K] int32 4-bit values (on `compute_device`) -> the kernel's packed layout, on the host.
+def nibble_pairs(values: torch.Tensor) -> torch.Tensor:
+    """[N, K] int32 4-bit values -> [N, K / 2] uint8, even k in the high nibble (torchao's byte order)."""
+    values = values.contiguous()  # a transposed view's elementwise results would keep its strides
+    return (values[:, ::2] << 4 | values[:, 1::2]).to(torch.uint8).contiguous()
 
-    Both converters need contiguous input (CUDA's checks it; a transposed view's elementwise results
-    keep its strides), so the values and the byte pairs are made contiguous first."""
-    values = values.contiguous()
+
+def pack_for(values: torch.Tensor, compute_device: torch.device) -> torch.Tensor:
+    """[N, K] int32 4-bit values (on `compute_device`) -> what Int4Linear keeps for that device's kernels,
+    on the host: the CPU kernel's packed layout (its converter needs contiguous input), or CUDA's
+    nibble pairs (converted to tinygemm's layout per call, on the device)."""
     if compute_device.type == "cpu":
-        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, CPU_INNER_K_TILES)
-    pairs = (values[:, ::2] << 4 | values[:, 1::2]).to(torch.uint8).contiguous()  # CUDA-only: torchao's byte order
-    return torch.ops.aten._convert_weight_to_int4pack(pairs, CUDA_INNER_K_TILES).cpu()
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(values.contiguous(), CPU_INNER_K_TILES)
+    return nibble_pairs(values).cpu()  # CUDA-only
+
+
+def dequantized(nibbles: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[N, K / 2] uint8 nibble pairs and [K / group, N, 2] (scale, zero) -> the [N, K] bf16 weight,
+    (q - 8) x scale + zero rounded once, as tinygemm dequantizes."""
+    n = nibbles.shape[0]
+    q = torch.stack((nibbles >> 4, nibbles & 15), dim=-1).view(n, -1, group_size)  # [N, K / group, group]
+    centered = q.to(torch.bfloat16).sub_(8)
+    scale, zero = scales_and_zeros.permute(1, 0, 2).unbind(-1)  # [N, K / group] each
+    weight = torch.empty_like(centered)  # contiguous, whatever the broadcast operands' strides
+    return torch.addcmul(zero[..., None], centered, scale[..., None], out=weight).view(n, -1)
 
 
 class Int4Linear(nn.Module):
@@ -95,7 +119,7 @@ class Int4Linear(nn.Module):
                  bias: torch.Tensor | None):
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
-        self.kernel_device = kernel_device  # "cpu" or "cuda": whose layout `packed` has
+        self.kernel_device = kernel_device  # "cpu": the CPU kernel's layout; "cuda": [N, K / 2] nibble pairs
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K / group, N, 2] bf16
         self.register_buffer("perm", perm)  # [K] int64 input order by group (act-order), or None
@@ -105,12 +129,14 @@ class Int4Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.perm is not None:
             rows = rows.index_select(1, self.perm)
+        rows = rows.to(torch.bfloat16)
         if self.kernel_device == "cpu":
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                rows.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
+        elif rows.shape[0] <= TINYGEMM_MAX_ROWS:  # CUDA-only
+            tiled = torch.ops.aten._convert_weight_to_int4pack(self.packed, CUDA_INNER_K_TILES)
+            out = torch.ops.aten._weight_int4pack_mm(rows, tiled, self.group_size, self.scales_and_zeros)
         else:  # CUDA-only
-            out = torch.ops.aten._weight_int4pack_mm(
-                rows.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
+            out = rows @ dequantized(self.packed, self.scales_and_zeros, self.group_size).T
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import EngineConfig, SpeculationConfig
-from engine.model import gptq, memory_plan
+from engine.model import gptq, gptq_int4, memory_plan
 from engine.model.config_shapes import DEQUANT_BYTES_PER_WEIGHT
 from engine.model.runner import DecoderRunner
 from engine.offload.ram_store import host_memory_available
@@ -69,14 +69,20 @@ def plan_inputs(
 
 
 def dequant_scratch_bytes(runner: DecoderRunner | None) -> int:
-    """Device bytes gptqmodel's dequantize kernel makes on each call of the runner's largest quantized
-    matrix: an int8 unpack and three [in, out] fp16 temporaries (DEQUANT_BYTES_PER_WEIGHT per weight;
-    gptqmodel 7.6's torch path). 0 for unquantized layers and the int4 kernel, which makes none."""
+    """Device bytes a call of the runner's largest quantized matrix makes: gptqmodel's dequantize kernel
+    an int8 unpack and three [in, out] fp16 temporaries (DEQUANT_BYTES_PER_WEIGHT per weight; gptqmodel
+    7.6's torch path); the int4 kernel on CUDA its dequantized bf16 weight for calls of many rows
+    (gptq_int4.DEQUANT_BYTES_PER_WEIGHT); 0 for unquantized layers and the int4 kernel on CPU."""
     if runner is None:
         return 0
-    largest = max((sub.in_features * sub.out_features for layer in runner.hf_layers
-                   for sub in gptq.quantized_modules(layer).values()), default=0)
-    return largest * DEQUANT_BYTES_PER_WEIGHT
+    largest = 0
+    for layer in runner.hf_layers:
+        for sub in gptq.quantized_modules(layer).values():
+            largest = max(largest, sub.in_features * sub.out_features * DEQUANT_BYTES_PER_WEIGHT)
+        for sub in layer.modules():
+            if isinstance(sub, gptq_int4.Int4Linear) and sub.kernel_device == "cuda":
+                largest = max(largest, sub.in_features * sub.out_features * gptq_int4.DEQUANT_BYTES_PER_WEIGHT)
+    return largest
 
 
 def weights_do_not_fit(config: EngineConfig, message: str) -> ConfigError:

@@ -86,3 +86,33 @@ def test_a_transposed_view_is_packed_as_its_contiguous_copy():
     values = torch.randint(0, 16, (K, N), dtype=torch.int32)
     cpu = torch.device("cpu")
     assert torch.equal(gptq_int4.pack_for(values.T, cpu), gptq_int4.pack_for(values.T.contiguous(), cpu))
+
+
+def test_nibble_pairs_dequantize_to_the_gptq_weight():
+    """CUDA's form (nibble pairs, dequantized for calls of many rows), checked on the CPU: the GPTQ
+    weight, each value (q - 8) x scale + zero rounded once to bf16."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randint(0, 16, (K, N), generator=gen)
+    zeros = torch.randint(0, 16, (K // GROUP, N), generator=gen)
+    scales = torch.rand(K // GROUP, N, generator=gen) * 0.02 + 0.005
+    w = scales.repeat_interleave(GROUP, 0) * (q - zeros.repeat_interleave(GROUP, 0))  # [K, N]
+    scales_and_zeros = torch.stack([scales, scales * (8 - zeros)], dim=-1).to(torch.bfloat16)
+    got = gptq_int4.dequantized(gptq_int4.nibble_pairs(q.T.int()), scales_and_zeros, GROUP)  # [N, K]
+    assert got.dtype == torch.bfloat16 and got.shape == (N, K)
+    assert (got.float() - w.T).abs().max() <= 0.01 * w.abs().max()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_small_and_large_calls_agree():
+    """Up to TINYGEMM_MAX_ROWS rows run tinygemm, more dequantize once: the same rows agree closely."""
+    device = torch.device("cuda")
+    module, w = random_layer(act_order=True, v1=False)
+    int4 = gptq_int4.from_gptq(module, device).to(device)
+    x = torch.randn(gptq_int4.TINYGEMM_MAX_ROWS + 1, K, device=device)
+    small = int4(x[: gptq_int4.TINYGEMM_MAX_ROWS]).float()
+    large = int4(x).float()[: gptq_int4.TINYGEMM_MAX_ROWS]
+    reference = x.cpu() @ w
+    for out in (small, large):
+        assert (out.cpu() - reference).norm() <= 0.02 * reference.norm()
+    assert (small - large).norm() <= 0.01 * small.norm()
