@@ -1,9 +1,11 @@
 """Per-layer costs of the full-shape target: the 4-bit kernels by rows per call, and a streamed pass
 against max(plain copy of its layers, its compute alone).
 
-int4: torch's tinygemm (`Int4Linear`, packed at load). dequantize: what the dequantize kernel does on
-every call (gptqmodel's torch path, `--gptq-kernel dequantize`): unpack the checkpoint's int32 words,
-(q - z) x scale into a dense matrix, then one matmul. bf16: the unquantized layer, for scale."""
+tinygemm: torch's int4 matmul, after converting the layer's nibble pairs to its tiled layout (what
+`Int4Linear` does for calls of up to TINYGEMM_MAX_ROWS rows). bf16 once: the nibble pairs dequantized
+to a bf16 matrix, then one matmul (what it does for larger calls). gptqmodel-like: unpacking the
+checkpoint's int32 words with int32 arithmetic on every call, as the dequantize kernel does. bf16
+dense: the unquantized layer, for scale. engine: `Int4Linear` itself, which picks one of the first two."""
 
 from __future__ import annotations
 
@@ -14,7 +16,14 @@ import torch
 
 from bench.gpu_check.plan import FullShape
 from bench.gpu_check.probes import seconds_of
-from engine.model.gptq_int4 import Int4Linear, pack_for, unpack_cols, unpack_rows
+from engine.model.gptq_int4 import (
+    CUDA_INNER_K_TILES,
+    Int4Linear,
+    dequantized,
+    pack_for,
+    unpack_cols,
+    unpack_rows,
+)
 from engine.model.runner import DecoderRunner, ResidentLayers
 
 REPEATS = 3  # best of
@@ -22,10 +31,12 @@ REPEATS = 3  # best of
 
 @dataclass(frozen=True)
 class KernelRow:
-    num_rows: int
-    int4_s: float  # one layer's seven projections
-    dequantize_s: float
+    num_rows: int  # one layer's seven projections, seconds each:
+    tinygemm_s: float
+    bf16_once_s: float
+    gptq_like_s: float
     dense_s: float
+    engine_s: float
 
 
 @dataclass(frozen=True)
@@ -65,25 +76,36 @@ def dequantize_matmul(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tens
     return x @ weight.view(q.shape).to(x.dtype)
 
 
+def tinygemm(module: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    tiled = torch.ops.aten._convert_weight_to_int4pack(module.packed, CUDA_INNER_K_TILES)  # CUDA-only
+    return torch.ops.aten._weight_int4pack_mm(x, tiled, module.group_size, module.scales_and_zeros)
+
+
+def bf16_once(module: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    return x @ dequantized(module.packed, module.scales_and_zeros, module.group_size).T
+
+
 def kernel_rows(shape: FullShape, device: torch.device, dtype: torch.dtype) -> list[KernelRow]:
     rows = []
     shapes = projection_shapes(shape)
-    int4 = []
-    gptq = []
-    dense = []
+    int4, gptq, dense = [], [], []
     for k, n in shapes:
         values = torch.randint(0, 16, (n, k), dtype=torch.int32, device=device)
-        sz = torch.rand(k // shape.group_size, n, 2, device=device).to(torch.bfloat16) * 0.01
+        sz = (torch.rand(k // shape.group_size, n, 2, device=device) * 0.01).to(torch.bfloat16)
         int4.append(Int4Linear(k, n, shape.group_size, device.type, pack_for(values, device).to(device), sz, None, None))
         gptq.append(gptq_form(k, n, shape.group_size, device))
         dense.append(torch.randn(k, n, device=device, dtype=dtype) * 0.01)
+    cuda = device.type == "cuda"
     for num_rows in shape.kernel_tokens:
-        xs = [torch.randn(num_rows, k, device=device, dtype=dtype) for k, _ in shapes]
+        xs = [torch.randn(num_rows, k, device=device, dtype=torch.bfloat16) for k, _ in shapes]
+        engine = best_of(device, lambda xs=xs: [m(x) for m, x in zip(int4, xs, strict=True)])
         rows.append(KernelRow(
             num_rows,
-            best_of(device, lambda xs=xs: [m(x) for m, x in zip(int4, xs, strict=True)]),
+            best_of(device, lambda xs=xs: [tinygemm(m, x) for m, x in zip(int4, xs, strict=True)]) if cuda else engine,
+            best_of(device, lambda xs=xs: [bf16_once(m, x) for m, x in zip(int4, xs, strict=True)]) if cuda else engine,
             best_of(device, lambda xs=xs: [dequantize_matmul(x, *g, shape.group_size) for g, x in zip(gptq, xs, strict=True)]),
-            best_of(device, lambda xs=xs: [x @ w for w, x in zip(dense, xs, strict=True)]),
+            best_of(device, lambda xs=xs: [x.to(dtype) @ w for w, x in zip(dense, xs, strict=True)]),
+            engine,
         ))
     return rows
 

@@ -21,11 +21,12 @@ The disk source reads the checkpoint's own packing, which this kernel cannot use
 streamed from disk keeps the dequantize kernel.
 
 On CUDA the kernel is chosen per call by its rows (measured on an H100 with 70B-shaped layers,
-docs/bench/gpu.md): tinygemm's cost grows with the rows (one layer: 0.4 ms at 1 row, 3.9 at 64, 15 at
-257, 58 at 1025), so a call of up to TINYGEMM_MAX_ROWS rows converts the nibbles to tinygemm's tiled
-layout on the device (a memory-bound pass over 0.5 byte per weight) and runs tinygemm; a larger call
-dequantizes the matrix to bf16 once ((q - 8) x scale + zero, as tinygemm computes it) and runs one
-dense matmul, whose cost hardly grows with the rows: a tree pass of hundreds of rows stays copy-bound.
+docs/bench/gpu.md, 2026-11-27): tinygemm's cost grows with the rows (one layer's seven matrices, the
+layout conversion included: 0.9 ms at 1 row, 4.4 at 64, 15.6 at 257, 59 at 1025), so a call of up to
+TINYGEMM_MAX_ROWS rows converts the nibbles to tinygemm's tiled layout on the device (about 0.5 ms a
+layer) and runs tinygemm; a larger call dequantizes the matrix to bf16 once ((q - 8) x scale + zero,
+as tinygemm computes it) and runs one dense matmul, whose cost hardly grows with the rows (8.8 ms a
+layer at 1 to 257 rows, 10.3 at 1025, 12.9 at 2049, most of it the dequantization).
 
 Activations are cast to bf16 and the products come back in bf16 (the kernels' only fast path on CPU:
 0.44 ms against 31 ms with fp32 activations for a 1024 x 8192 matrix at one token here), then cast to
@@ -42,7 +43,7 @@ GROUP_SIZES = (32, 64, 128, 256)  # what the kernels accept
 CPU_N_MULTIPLE = 16  # the CPU converter's rows per block
 CUDA_INNER_K_TILES = 8  # tinygemm: K must be a multiple of 16 x this
 CPU_INNER_K_TILES = 2  # ignored by the CPU layout, required by the signature
-TINYGEMM_MAX_ROWS = 32  # CUDA: calls of up to this many rows run tinygemm, larger ones dequantize once
+TINYGEMM_MAX_ROWS = 128  # CUDA: calls of up to this many rows run tinygemm, larger ones dequantize once
 DEQUANT_BYTES_PER_WEIGHT = 5  # CUDA dequantize path's scratch: uint8 values, bf16 (q - 8), bf16 weight
 
 
