@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.config import EngineConfig
 from engine.types import GenerationEngine
+from server.anthropic_api.routes import messages_router
 from server.config import ServerConfig
 from server.errors import APIError, authentication_error, install_error_handlers
 from server.generation import collect_response
@@ -119,6 +120,7 @@ def _v1_router() -> APIRouter:
     router.add_api_route("/responses/{response_id}", get_response, methods=["GET"])
     router.add_api_route("/responses/{response_id}", delete_response, methods=["DELETE"])
     router.add_api_route("/responses/{response_id}/input_items", list_input_items, methods=["GET"])
+    router.include_router(messages_router())  # Anthropic's Messages API, its own error shape (server/anthropic_api/)
     return router
 
 
