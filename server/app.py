@@ -7,8 +7,9 @@ must be JSON and Host names loopback unless configured otherwise (server/securit
 capped (server/limits.py), and a shutdown drains requests in flight (server/shutdown.py).
 A generation request: parse (server/protocol.py) -> prompt ids and max tokens
 (server/prompt.py) -> `to_sampling_params` -> `Generation`, streamed (server/sse.py) or
-collected (server/generation.py). /v1/responses maps its body to a chat request and takes the same
-path (server/responses_api/).
+collected (server/generation.py). /v1/responses, /v1/messages (Anthropic) and /api/* (Ollama) map their
+bodies to chat or completion requests and take the same path (server/responses_api/,
+server/anthropic_api/, server/ollama_api/).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from server.generation import collect_response
 from server.infill import infill
 from server.limits import read_body
 from server.metrics import CONTENT_TYPE
+from server.ollama_api.routes import ollama_router
 from server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from server.responses_api.routes import create_response, delete_response, get_response, list_input_items
 from server.responses_api.store import ResponseStore
@@ -88,6 +90,7 @@ def build_app(
     app.include_router(_v1_router())
     app.add_api_route("/infill", infill, methods=["POST"],  # llama.cpp's route (server/infill.py)
                       dependencies=[Depends(require_api_key), Depends(require_json)])
+    app.include_router(ollama_router(), dependencies=[Depends(require_api_key)])  # /api/* (server/ollama_api/)
     return app
 
 
