@@ -49,3 +49,25 @@ def clients_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
     server = start_server(tmp_path_factory.mktemp("clients_pair"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def agent_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The built-in pair (models/default) with its tools template (configs/templates/tools-demo.jinja) and a
+    context long enough for the agents' prompts (Claude Code's is ~17k tokens, Codex's ~9k): their system
+    prompts and tool definitions are far beyond the pair's 1024 trained positions, so the replies are noise,
+    but every request runs the whole path (templating, tools, grammar, prefix cache, streaming)."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("agent_serve") / "serve.log"
+    cmd = [*serve_command(), "--chat-template", str(REPO / "configs" / "templates" / "tools-demo.jinja"),
+           "--max-context", "32768", "--allow-long-context", "--port", str(port)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("SPECEXEC_API_KEY", None)
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    server = ServerProcess(f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        wait_healthy(server)
+        yield server
+    finally:
+        server.stop()
