@@ -7,8 +7,9 @@ must be JSON and Host names loopback unless configured otherwise (server/securit
 capped (server/limits.py), and a shutdown drains requests in flight (server/shutdown.py).
 A generation request: parse (server/protocol.py) -> prompt ids and max tokens
 (server/prompt.py) -> `to_sampling_params` -> `Generation`, streamed (server/sse.py) or
-collected (server/generation.py). /v1/responses maps its body to a chat request and takes the same
-path (server/responses_api/).
+collected (server/generation.py). /v1/responses, /v1/messages (Anthropic) and /api/* (Ollama) map their
+bodies to chat or completion requests and take the same path (server/responses_api/,
+server/anthropic_api/, server/ollama_api/).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.config import EngineConfig
 from engine.types import GenerationEngine
+from server.anthropic_api.routes import messages_router
 from server.config import ServerConfig
 from server.errors import APIError, authentication_error, install_error_handlers
 from server.generation import collect_response
 from server.infill import infill
 from server.limits import read_body
 from server.metrics import CONTENT_TYPE
+from server.ollama_api.routes import ollama_router
 from server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from server.responses_api.routes import create_response, delete_response, get_response, list_input_items
 from server.responses_api.store import ResponseStore
@@ -87,6 +90,7 @@ def build_app(
     app.include_router(_v1_router())
     app.add_api_route("/infill", infill, methods=["POST"],  # llama.cpp's route (server/infill.py)
                       dependencies=[Depends(require_api_key), Depends(require_json)])
+    app.include_router(ollama_router(), dependencies=[Depends(require_api_key)])  # /api/* (server/ollama_api/)
     return app
 
 
@@ -119,6 +123,7 @@ def _v1_router() -> APIRouter:
     router.add_api_route("/responses/{response_id}", get_response, methods=["GET"])
     router.add_api_route("/responses/{response_id}", delete_response, methods=["DELETE"])
     router.add_api_route("/responses/{response_id}/input_items", list_input_items, methods=["GET"])
+    router.include_router(messages_router())  # Anthropic's Messages API, its own error shape (server/anthropic_api/)
     return router
 
 

@@ -25,7 +25,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1: this machine only)")
     group.add_argument("--port", type=int, default=None, help="TCP port (default 8000)")
     group.add_argument("--api-key", default=None,
-                       help="require this key on /v1/* (Bearer or x-api-key); env SPECEXEC_API_KEY also works")
+                       help="require this key on /v1/*, /infill and /api/* (Bearer or x-api-key); env SPECEXEC_API_KEY also works")
     group.add_argument("--cors-origins", default=None,
                        help="comma-separated browser origins allowed to call the API, or '*'")
     group.add_argument("--chat-template", default=None, help="Jinja file overriding the tokenizer's chat template")
