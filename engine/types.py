@@ -9,7 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from engine.config import Method
 
 
 class FinishReason(str, Enum):
@@ -114,6 +117,9 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    # the speculation method this request runs under (None: the engine's); "autoregressive" runs it
+    # without a draft, one token per target pass; the others need the engine's draft
+    method: Method | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from server.logprobs import LogprobFormat
 from server.metrics import Metrics
 from server.responses import Envelope
 from server.toolcalls.output import ToolOutput
+from server.trace import StepTrace
 
 log = logging.getLogger("specexec.server")
 
@@ -44,9 +45,11 @@ class GenerationFailed(RuntimeError):
 
 class Generation:
     def __init__(self, async_engine: AsyncEngine, request: Request, text: TextStream, metrics: Metrics,
-                 endpoint: str, *, logprobs: LogprobFormat | None = None, tools: ToolOutput | None = None):
+                 endpoint: str, *, logprobs: LogprobFormat | None = None, tools: ToolOutput | None = None,
+                 trace: StepTrace | None = None):
         self.request = request
         self.tools = tools  # None: plain text; else reads tool calls out of the text (server/toolcalls/)
+        self.trace = trace  # None: not asked for; else the speculation trace (server/trace.py)
         self.text = text
         self.metrics = metrics
         self.endpoint = endpoint
@@ -89,6 +92,8 @@ class Generation:
 
     async def _pieces(self) -> AsyncIterator[str]:
         async for delta in self._stream:
+            if self.trace is not None:
+                self.trace.observe(delta, counted=not self.text.stopped)
             if delta.finish_reason is not None:
                 self.totals = delta.totals
             was_stopped = self.text.stopped
@@ -171,7 +176,10 @@ async def collect_response(request: HTTPRequest, gens: list[Generation], env: En
         assert gen.finish_reason is not None
         content, calls = (text, None) if gen.tools is None else gen.tools.message(text)
         reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
-        choices.append(env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls))
+        choice = env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls)
+        if gen.trace is not None:  # the whole choice's speculation trace (server/trace.py)
+            choice["specexec"] = gen.trace.take(gen.text.num_tokens, final=True)
+        choices.append(choice)
     body = env.completion(choices, choices_usage(gens), choices_timings(gens))
     return JSONResponse(body, headers={"x-request-id": env.id})
 

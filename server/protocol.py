@@ -23,6 +23,7 @@ from engine.types import (
 )
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
+from server.trace import SpecexecOptions
 
 MAX_STOP_STRINGS = 32
 MAX_STOP_CHARS = 1024  # per stop string: the stream holds back and re-checks up to this much text per token
@@ -124,6 +125,7 @@ class SamplingRequest(_Model):
     response_format: ResponseFormat | None = None
     guided_json: str | dict[str, Any] | None = None  # vLLM: a JSON schema
     guided_regex: str | None = None  # vLLM: a regular expression
+    specexec: SpecexecOptions | None = None  # ours: the speculation trace, the request's own method (server/trace.py)
 
     prompt_param: ClassVar[str]  # the field that holds the prompt, named by prompt errors
 
@@ -247,7 +249,8 @@ class CompletionRequest(SamplingRequest):
 _FIELD_NAMES = {
     name
     for cls in (ChatCompletionRequest, CompletionRequest, ChatMessage, ContentPart, StreamOptions, ToolCall,
-                FunctionCall, ToolDefinition, FunctionDefinition, NamedToolChoice, ResponseFormat, JsonSchemaFormat)
+                FunctionCall, ToolDefinition, FunctionDefinition, NamedToolChoice, ResponseFormat, JsonSchemaFormat,
+                SpecexecOptions)
     for name in cls.model_fields
 }
 

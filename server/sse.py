@@ -25,6 +25,7 @@ from server.choices import merge_streams
 from server.errors import generation_error
 from server.generation import Generation, choices_usage
 from server.responses import Envelope
+from server.trace import traced_chunks
 
 log = logging.getLogger("specexec.server")
 
@@ -60,7 +61,7 @@ async def choice_chunks(gen: Generation, env: Envelope, index: int) -> AsyncIter
 
 async def chunk_events(gens: list[Generation], env: Envelope, include_usage: bool) -> AsyncIterator[str]:
     """The `data:` payloads of one stream (every choice's chunks, merged), ending with [DONE]."""
-    merged = merge_streams([choice_chunks(gen, env, i) for i, gen in enumerate(gens)])
+    merged = merge_streams([traced_chunks(gen, choice_chunks(gen, env, i)) for i, gen in enumerate(gens)])
     try:
         async for chunk in merged:
             yield dumps(chunk)

@@ -19,6 +19,7 @@ from server.protocol import SamplingRequest
 from server.responses import Envelope
 from server.state import ServerState
 from server.toolcalls.plan import ToolPlan
+from server.trace import StepTrace, request_method, tree_method
 
 
 async def start_generations(state: ServerState, req: SamplingRequest, chat: bool, endpoint: str,
@@ -39,14 +40,19 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
         params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)
     env = Envelope(chat, state.response_model(req.model), state.fingerprint)
     texts = None if params.logprobs is None else TokenTexts(prompt.tokenizer)
+    speculation = state.engine_config.speculation
+    method = request_method(req.specexec, speculation)  # ours: server/trace.py
+    traced = req.specexec is not None and bool(req.specexec.trace)
 
     def start(index: int, choice: SamplingParams) -> Generation:
-        text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=None if plan is None else plan.drop_ids)
+        drop_ids = None if plan is None else plan.drop_ids
+        text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=drop_ids)
         logprobs = None if texts is None else LogprobFormat(texts, chat)
         tools = None if plan is None else plan.output(eager=bool(req.stream))
-        engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice)
+        trace = StepTrace(prompt.tokenizer, tree_method(speculation, method, choice), drop_ids) if traced else None
+        engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice, method)
         return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,
-                          tools=tools)
+                          tools=tools, trace=trace)
 
     return start_choices(req.n or 1, params, start), env
 
