@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from engine.types import ConfigError
+from engine.types import ConfigError, SpeculationMethod
 
-Method = Literal["specexec", "specinfer", "rrs", "autoregressive"]
+Method = SpeculationMethod
 EXTENSION_FACTOR = 2  # overlap: a tree grows on during its pass to this many times its budget
 OffloadSource = Literal["ram", "disk"]
 

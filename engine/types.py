@@ -9,10 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Literal, Protocol
-
-if TYPE_CHECKING:
-    from engine.config import Method
+from typing import Any, Literal, Protocol
 
 
 class FinishReason(str, Enum):
@@ -30,6 +27,8 @@ MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's bound)
 REPETITION_PENALTY_RANGE = (0.01, 100.0)  # 1 is off (HF/vLLM meaning; both only require > 0)
 MAX_LOGIT_BIAS = 100.0  # |logit_bias| values (OpenAI's bound)
 
+# how a request's tokens are found (engine.config.SpeculationConfig.method; Request.method per request)
+SpeculationMethod = Literal["specexec", "specinfer", "rrs", "autoregressive"]
 StructuredOutputKind = Literal["json_object", "json_schema", "regex", "structural_tag"]
 STRUCTURED_OUTPUT_KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex", "structural_tag")
 
@@ -119,7 +118,7 @@ class Request:
     params: SamplingParams
     # the speculation method this request runs under (None: the engine's); "autoregressive" runs it
     # without a draft, one token per target pass; the others need the engine's draft
-    method: Method | None = None
+    method: SpeculationMethod | None = None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from server.shutdown import DrainGate
 from server.sse import stream_response
 from server.start import start_generations
 from server.state import EngineLoader, ServerState, default_loader
+from server.webui import install_webui
 
 
 def build_app(
@@ -85,6 +86,7 @@ def build_app(
         )
     if (hosts := allowed_hosts(server_config)) is not None:
         app.add_middleware(HostCheckMiddleware, allowed=hosts)
+    install_webui(app, server_config.webui)  # GET/HEAD /: the chat page, or plain text with --no-webui
     app.add_api_route("/health", health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(_v1_router())

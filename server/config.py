@@ -41,6 +41,7 @@ class ServerConfig:
     # auto: a request's left-out temperature/top_p/top_k/min_p/repetition_penalty take the values the
     # target's generation_config.json sets (as vLLM); none: the API's own defaults
     generation_config: str = "auto"
+    webui: bool = True  # the chat page at / (server/webui/); off: / answers plain text
 
     def __post_init__(self) -> None:
         if isinstance(self.cors_origins, list):
@@ -83,6 +84,7 @@ class ServerConfig:
         require(self.log_level in LOG_LEVELS, "server.log_level", f"must be one of {', '.join(LOG_LEVELS)}")
         require(self.generation_config in GENERATION_CONFIG, "server.generation_config",
                 f"must be one of {', '.join(GENERATION_CONFIG)}, got {self.generation_config!r}")
+        require(isinstance(self.webui, bool), "server.webui", f"must be true or false, got {self.webui!r}")
         require(self.tool_parser in TOOL_PARSERS, "server.tool_parser", f"must be one of {', '.join(TOOL_PARSERS)}")
         self._check_limits()
 

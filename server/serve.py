@@ -15,7 +15,7 @@ log = logging.getLogger("specexec.server")
 # flag dest -> ServerConfig field (the same name: every flag is a [server] key)
 SERVER_FIELDS = ("host", "port", "api_key", "cors_origins", "chat_template", "tool_parser", "served_model_name",
                  "ping_seconds", "log_level", "allowed_hosts", "read_timeout", "shutdown_timeout",
-                 "grammar_timeout", "generation_config")
+                 "grammar_timeout", "generation_config", "webui")
 MIB = 2**20
 
 
@@ -39,6 +39,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="auto (default, as vLLM): sampling fields a request leaves out (temperature, top_p, "
                             "top_k, min_p, repetition_penalty) take the values in the target's "
                             "generation_config.json; none: the API's defaults (temperature 1, no truncation)")
+    group.add_argument("--no-webui", dest="webui", action="store_const", const=False, default=None,
+                       help="no chat page at / (it answers plain text); config: webui = false")
     group.add_argument("--ping-seconds", type=float, default=None,
                        help="interval of SSE ': ping' keep-alive comments (default 5)")
     group.add_argument("--log-level", default=None, choices=LOG_LEVELS, help="uvicorn log level (default info)")

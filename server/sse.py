@@ -61,7 +61,7 @@ async def choice_chunks(gen: Generation, env: Envelope, index: int) -> AsyncIter
 
 async def chunk_events(gens: list[Generation], env: Envelope, include_usage: bool) -> AsyncIterator[str]:
     """The `data:` payloads of one stream (every choice's chunks, merged), ending with [DONE]."""
-    merged = merge_streams([traced_chunks(gen, choice_chunks(gen, env, i)) for i, gen in enumerate(gens)])
+    merged = merge_streams([traced_chunks(gen.trace, gen.text, choice_chunks(gen, env, i)) for i, gen in enumerate(gens)])
     try:
         async for chunk in merged:
             yield dumps(chunk)

@@ -17,17 +17,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from engine.config import Method, SpeculationConfig
 from engine.types import SamplingParams, TokenDelta
-from server.detok import Decoder, Detokenizer
+from server.detok import Decoder, Detokenizer, TextStream
 from server.errors import invalid_request
-
-if TYPE_CHECKING:
-    from server.generation import Generation
 
 Origin = Literal["draft", "target"]
 
@@ -98,8 +95,12 @@ class StepTrace:
 
     def take(self, num_consumed: int, final: bool = False) -> dict[str, Any]:
         """The trace of one chunk: tokens up to the text's `num_consumed`-th, and the passes seen since the
-        last take; `final`: the last chunk (a character left incomplete goes with the last token)."""
+        last take; `final`: the last chunk. Tokens whose text is still empty at the end (the first bytes
+        of a character) wait for the token that completes it; at the end, bytes left incomplete (U+FFFD,
+        as the text ends with them) go with the last token."""
         count = max(0, num_consumed - self._num_taken)
+        while not final and count and not self._tokens[count - 1]["text"]:
+            count -= 1  # held back: a character its bytes begin, finished by a later token (or the flush)
         tokens, self._tokens = self._tokens[:count], self._tokens[count:]
         self._num_taken += len(tokens)
         if final and tokens and (rest := self._detok.flush()):
@@ -116,10 +117,10 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
 
-def traced_chunks(gen: Generation, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    """A choice's stream chunks, each with its `specexec` trace in its choice (beside `logprobs`) when the
-    request asked for one; the chunks themselves otherwise."""
-    trace = gen.trace
+def traced_chunks(trace: StepTrace | None, text: TextStream,
+                  chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """A choice's stream chunks (its `text` consumes the tokens), each with its `specexec` trace in its
+    choice (beside `logprobs`) when the request asked for one; the chunks themselves otherwise."""
     if trace is None:
         return chunks
 
@@ -127,7 +128,7 @@ def traced_chunks(gen: Generation, chunks: AsyncIterator[dict[str, Any]]) -> Asy
         try:
             async for chunk in chunks:
                 choice = chunk["choices"][0]
-                choice["specexec"] = trace.take(gen.text.num_tokens, final=choice["finish_reason"] is not None)
+                choice["specexec"] = trace.take(text.num_tokens, final=choice["finish_reason"] is not None)
                 yield chunk
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]  # an async generator
