@@ -40,6 +40,9 @@ def test_trace_leaves_the_text_and_agrees_with_timings(live_server: ServerProces
     passes = [p for part in parts for p in part["passes"]]
     assert timings["draft_tokens_accepted"] > 0  # the tiny pair's draft is a noisy copy: it is accepted
     assert max(p["tree_size"] for p in passes) > 1 and all(p["batch_size"] >= 1 for p in passes)
+    if len(passes) > 1:  # the first pass also wrote the prompt: timed as prompt_ms
+        later = sum(p["step_ms"] for p in passes[1:])
+        assert later == pytest.approx(timings["predicted_ms"], abs=0.002 * len(passes))
 
 
 @pytest.mark.parametrize("sampling", SAMPLING, ids=list(SAMPLING))
