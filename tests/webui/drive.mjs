@@ -31,9 +31,20 @@ function teeResponses() {
     const [mine, theirs] = response.body.tee();
     const record = { path, status: response.status, request: JSON.parse(init.body), text: '', done: false };
     window.__bodies.push(record);
-    new Response(mine).text().then((text) => { record.text = text; record.done = true; });
+    new Response(mine).text().then((text) => { record.text = text; record.done = true; },
+      () => { record.aborted = true; record.done = true; }); // the page stopped it
     return new Response(theirs, { status: response.status, statusText: response.statusText, headers: response.headers });
   };
+}
+
+// the lengths of a reply's text each time the page redrew it while it streamed
+function watchStreaming() {
+  window.__partial = [];
+  new MutationObserver(() => {
+    for (const text of document.querySelectorAll('article.assistant:not([data-done]) [data-side=a] .reply-text')) {
+      window.__partial.push(text.textContent.length);
+    }
+  }).observe(document, { subtree: true, childList: true, characterData: true });
 }
 
 async function shot(page, name) {
@@ -72,6 +83,7 @@ async function chat(page, out) {
   await page.waitForSelector('article.assistant[data-done]', { timeout: REPLY_TIMEOUT });
   out.chat = await observe(page, 'article.assistant .reply');
   out.chat.responses = await settle(page);
+  out.chat.partial = await page.evaluate(() => window.__partial.splice(0));
   await shot(page, 'webui-chat');
   await page.check('#mark-passes');
   out.passBoundaries = await page.evaluate(() => {
@@ -79,6 +91,20 @@ async function chat(page, out) {
     return first ? getComputedStyle(first).borderLeftStyle : null;
   });
   await page.uncheck('#mark-passes');
+  // regenerate: greedy, the same reply again
+  await page.click('article.assistant [data-act=regenerate]');
+  await page.waitForSelector('article.assistant[data-done]', { timeout: REPLY_TIMEOUT });
+  out.regenerated = { text: await page.textContent('article.assistant .reply-text'), articles: await page.locator('#transcript article').count() };
+  await settle(page);
+  // stop: a long reply ended once its first tokens are shown
+  await page.fill('#max_tokens', '900');
+  await page.fill('#input', 'class Parser:');
+  await page.click('#send');
+  await page.waitForSelector('article.assistant:not([data-done]) .reply-text .t', { state: 'attached', timeout: REPLY_TIMEOUT });
+  await page.click('#stop');
+  await page.waitForSelector('#transcript article:last-child[data-done]', { timeout: REPLY_TIMEOUT });
+  out.stopped = await observe(page, '#transcript article:last-child .reply');
+  await settle(page);
 }
 
 async function abChat(page, out) {
@@ -132,6 +158,12 @@ async function toolCall(page, out) {
   out.tool = await observe(page, 'article.assistant .reply');
   await page.unroute('**/v1/chat/completions');
   await settle(page);
+  // a setting that is not valid is said, and nothing is sent
+  await page.fill('#seed', '1.5');
+  await page.fill('#input', 'def g():');
+  await page.click('#send');
+  out.invalid = { flash: await page.textContent('.flash'), articles: await page.locator('#transcript article').count() };
+  await page.fill('#seed', '');
 }
 
 async function keyed(page, out) {
@@ -160,6 +192,7 @@ async function main() {
     const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
     watch(page);
     await page.addInitScript(teeResponses);
+    await page.addInitScript(watchStreaming);
     await page.goto(config.url);
     if (config.scenario === 'key') {
       await keyed(page, out);

@@ -144,6 +144,9 @@ def test_page_in_chromium(serve: Callable[..., ServerProcess]) -> None:
     timings = check_reply(seen["chat"], chat)
     assert timings["draft_tokens_accepted"] > 0 and timings["target_passes"] < timings["predicted_n"]
     assert seen["passBoundaries"] == "solid"
+    assert any(0 < length < len(seen["chat"]["text"]) for length in seen["chat"]["partial"])  # it streamed
+    assert seen["regenerated"] == {"text": seen["chat"]["text"], "articles": 2}
+    assert seen["stopped"]["errors"] == ["stopped"] and 0 < int(seen["stopped"]["stats"]["tokens"]) < 900
 
     ab = seen["ab"]
     first, second = ab["responses"]
@@ -161,6 +164,7 @@ def test_page_in_chromium(serve: Callable[..., ServerProcess]) -> None:
 
     assert seen["tool"]["toolCalls"] == [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
     assert seen["tool"]["errors"] == []
+    assert seen["invalid"] == {"flash": "seed: not a number", "articles": 2}
 
 
 def test_page_asks_for_the_api_key(serve: Callable[..., ServerProcess]) -> None:

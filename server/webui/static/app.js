@@ -63,11 +63,12 @@ const ui = {
   renderMode() { return $('render').value; },
   abMethod() { return $('ab-on').checked ? $('ab-method').value : null; },
 
-  flash(message) {
+  flash(message) { // shown until the transcript is drawn again
     const note = document.createElement('p');
     note.className = 'error flash';
     note.textContent = message;
     $('transcript').append(note);
+    note.scrollIntoView();
   },
 };
 

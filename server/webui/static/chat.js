@@ -58,40 +58,45 @@ export class Chat {
     return messages;
   }
 
+  // the request's settings, or null (and the reason shown) when one is not valid
+  settings() {
+    try {
+      return { ...this.ui.sampling(), ...this.ui.tools() };
+    } catch (error) {
+      this.ui.flash(error.message);
+      return null;
+    }
+  }
+
   async send() {
     const input = $('input');
     const text = input.value.trim();
     if (!text || this.busy) return;
+    const settings = this.settings();
+    if (settings === null) return;
     input.value = '';
     this.current.messages.push({ role: 'user', content: text });
     if (this.current.title === 'New chat') this.current.title = text.slice(0, 48);
-    await this.reply();
+    await this.reply(settings);
   }
 
   async regenerate() {
     const messages = this.current.messages;
     if (this.busy || !messages.length || messages[messages.length - 1].role !== 'assistant') return;
+    const settings = this.settings();
+    if (settings === null) return;
     messages.pop();
-    await this.reply();
+    await this.reply(settings);
   }
 
-  async reply() {
-    let body;
-    try {
-      body = { ...this.ui.sampling(), messages: this.history(), ...this.ui.tools() };
-    } catch (error) {
-      this.current.messages.pop();
-      this.ui.flash(error.message);
-      this.render();
-      return;
-    }
+  async reply(settings) {
+    const body = { ...settings, messages: this.history() };
     const message = { role: 'assistant' };
     this.current.messages.push(message);
     this.controller = new AbortController();
     this.setBusy(true);
     let element = null;
     const update = () => {
-      element = element || this.render().lastElementChild;
       element.innerHTML = this.messageInner(message, this.current.messages.length - 1, false);
       this.ui.refreshPanel();
     };
@@ -100,6 +105,7 @@ export class Chat {
         message.reply = a;
         if (b) message.compare = { method: b.label, seed, reply: b };
         this.ui.select(a);
+        element = this.render().lastElementChild; // at once: the reply being written replaces any other
       }, update);
     } finally {
       this.controller = null;
@@ -127,7 +133,7 @@ export class Chat {
   }
 
   isDone(m) {
-    return m.role === 'assistant' && m.reply.done && (!m.compare || m.compare.reply.done) && !this.busy;
+    return m.role === 'assistant' && m.reply.done && (!m.compare || m.compare.reply.done);
   }
 
   render() {

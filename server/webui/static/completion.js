@@ -31,7 +31,14 @@ export class Completion {
   async run() {
     const prompt = $('prompt').value;
     if (!prompt || this.controller) return;
-    const body = { ...this.ui.sampling(), prompt };
+    let body;
+    try {
+      body = { ...this.ui.sampling(), prompt };
+    } catch (error) {
+      this.result = null;
+      $('completion-out').innerHTML = `<p class="error">${escapeHtml(error.message)}</p>`;
+      return;
+    }
     this.controller = new AbortController();
     $('run').hidden = true;
     $('run-stop').hidden = false;
@@ -40,6 +47,7 @@ export class Completion {
       await runTraced(false, body, this.ui.abMethod(), this.controller.signal, (a, b, seed) => {
         this.result = { prompt, a, b, seed };
         this.ui.select(a);
+        this.render();
       }, update);
     } finally {
       this.controller = null;
