@@ -35,16 +35,27 @@ def known_models(path: Path = KNOWN_SHAPES) -> dict[str, dict]:
 
 
 def read_model_config(model: str) -> tuple[dict, str]:
-    """(config.json fields, where they came from) for a model folder or a known hub id."""
+    """(config.json fields, where they came from) for a model folder or a hub id: the hub cache's
+    config.json, the known shapes, else its config.json downloaded alone (engine.model.hub)."""
+    from engine.model import hub
+
     config_file = Path(model) / "config.json"
+    if not config_file.is_file():
+        config_file = hub.model_config_file(model, download=False) or Path(model) / "config.json"
     if config_file.is_file():
         return json.loads(config_file.read_text()), str(config_file)
     known = known_models()
     if model in known:
         return known[model], f"{KNOWN_SHAPES.name} [{model}]"
+    downloaded = hub.model_config_file(model, download=True)
+    if downloaded is not None:
+        return json.loads(downloaded.read_text()), str(downloaded)
+    if not hub.looks_like_hub_id(model):
+        raise CheckpointError(f"{model}: no config.json there; name a model folder, or a hub id (org/name)")
     raise CheckpointError(
-        f"{model}: no config.json there and not among the known shapes ({KNOWN_SHAPES}); download its "
-        f"config.json alone (`hf download <repo id> config.json --local-dir <folder>`) and name the folder"
+        f"{model}: not in the Hugging Face cache, not among the known shapes ({KNOWN_SHAPES}), and its "
+        f"config.json could not be downloaded now (offline, or no such model on the Hub); download its "
+        f"config.json (`hf download {model} config.json`) or name a folder holding it"
     )
 
 
