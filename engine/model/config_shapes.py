@@ -125,10 +125,15 @@ class ConfigBytes:
 def weight_bytes(config: dict, dtype_bytes: int, gptq_kernel: str = "dequantize") -> ConfigBytes:
     """Bytes of `config`'s weights loaded at `dtype_bytes` per element (a GPTQ checkpoint's quantized
     layers in `gptq_kernel`'s form, its other tensors at the load dtype)."""
+    from engine.model import int4_formats
+
     hidden, _, _, _, _, experts = _dims(config)
-    quant = config.get("quantization_config") or {}
+    quant = int4_formats.plan_fields(config)
     maps = linears(config)
-    if quant:
+    if quant and gptq_kernel == "dequantize" and int4_formats.format_of(config) is not None:  # the file's form
+        layer = sum(int4_formats.file_linear_bytes(k, n, bias, config, dtype_bytes) for k, n, bias in maps)
+        largest = max(k * n for k, n, _ in maps)
+    elif quant:
         layer = sum(gptq_linear_bytes(k, n, bias, quant, gptq_kernel) for k, n, bias in maps)
         largest = max(k * n for k, n, _ in maps)
     else:
