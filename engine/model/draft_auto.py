@@ -102,9 +102,12 @@ def check_tokens(candidate: Candidate, target_tokens: tuple[dict[str, int], froz
         candidate.why_not = "the same vocabulary but other special tokens"
 
 
-def choose_draft(config: EngineConfig, target_id: str, device_bytes: int, device_label: str) -> tuple[str, str]:
-    """(the chosen draft's folder, one line saying what was chosen and why); CheckpointError when none fits."""
-    target_tokens = token_table(config.model.target)
+def choose_draft(config: EngineConfig, target_id: str, device_bytes: int, device_label: str,
+                 tokens_folder: str | None = None, fetch: bool = True) -> tuple[str, str]:
+    """(the chosen draft's folder, one line saying what was chosen and why); CheckpointError when none fits.
+    tokens_folder: where the target's tokenizer is (default: the target's folder); fetch: download the
+    chosen draft's weights if it is not cached (else its id is returned, for plans)."""
+    target_tokens = token_table(tokens_folder or config.model.target)
     if target_tokens is None:
         raise CheckpointError(f"--draft auto: the target {target_id} has no tokenizer files to compare drafts with")
     found = candidates(config, target_id)
@@ -115,9 +118,12 @@ def choose_draft(config: EngineConfig, target_id: str, device_bytes: int, device
         check_tokens(candidate, target_tokens)
         if candidate.why_not:
             continue
-        folder = candidate.source if candidate.cached else hub.resolve_model(candidate.repo_id, None, "--draft")
+        folder = candidate.source
+        if not candidate.cached and fetch:
+            folder = hub.resolve_model(candidate.repo_id, None, "--draft")
         passed = [c for c in found if c.why_not]
-        why = (f"--draft auto: {candidate.repo_id} ({'in the cache' if candidate.cached else 'downloaded'}; "
+        where = "in the cache" if candidate.cached else ("downloaded" if fetch else "a known shape")
+        why = (f"--draft auto: {candidate.repo_id} ({where}; "
                f"the target's {len(target_tokens[0])} tokens and special tokens; the largest candidate that fits "
                f"beside it on {device_label}: {candidate.plan_gb:.2f} GB planned)")
         if passed:

@@ -195,3 +195,17 @@ def test_an_unavailable_model_exits_2_with_one_line(models, tmp_path, repo_id, o
     assert done.returncode == 2
     assert done.stderr.startswith(f"specexec: error: {expected}")
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_plan_names_models_by_id(models, cache, capsys) -> None:
+    """`specexec plan` reads a hub id's config.json from the cache; `--draft auto` is chosen for the GPU."""
+    from specexec.__main__ import main
+
+    snapshots = cache_all(cache, models)
+    assert main(["plan", "--target", "org/tiny", "--gpu-memory-total", "2"]) == 0
+    captured = capsys.readouterr()
+    assert f"target org/tiny ({snapshots['org/tiny'] / 'config.json'})" in captured.out
+    assert f"draft  {snapshots['org/tiny-small']}" in captured.out and "fits, " in captured.out
+    assert "specexec: --draft auto: org/tiny-small (in the cache;" in captured.err
+    assert main(["plan", "--target", "org/nowhere", "--method", "autoregressive", "--gpu-memory-total", "2"]) == 2
+    assert "org/nowhere: not in the Hugging Face cache, not among the known shapes" in capsys.readouterr().err
