@@ -6,11 +6,11 @@
 `specexec plan` sizes a pair with these; a loaded pair's plan measures the same items from the
 loaded tensors (tests compare both on tiny checkpoints of every family, GPTQ included).
 
-A model path is read as a folder holding config.json when one exists. Otherwise it is looked up in
-configs/shapes/models.toml, which lists the config.json fields the plan needs for the models the
-shipped configs and the README name (copied from their config.json on the Hugging Face Hub), so a
-plan needs no download; for any other model, download its config.json alone into a folder
-(`hf download <repo id> config.json --local-dir <folder>`) and name the folder.
+A model path is read as a folder holding config.json when one exists. Otherwise, a hub id's config.json
+in the local Hugging Face cache; else configs/shapes/models.toml, which lists the config.json fields the
+plan needs for the models the shipped configs and the README name (copied from their config.json on the
+Hugging Face Hub), so a plan needs no download; else the id's config.json downloaded alone
+(engine.model.hub).
 """
 
 from __future__ import annotations

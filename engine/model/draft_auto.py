@@ -130,9 +130,11 @@ def choose_draft(config: EngineConfig, target_id: str, device_bytes: int, device
             why += "; passed over: " + "; ".join(f"{c.repo_id}: {c.why_not}" for c in passed)
         return folder, why
     listed = "; ".join(f"{c.repo_id}: {c.why_not or 'not checked'}" for c in found) or "none (the cache holds no smaller model)"
+    hint = "" if config.offload.enabled else " (the target is resident: --offload streams its layers)"
     raise CheckpointError(
-        f"--draft auto: no draft shares {target_id}'s tokens and fits beside it on {device_label}; candidates: "
-        f"{listed}. Name a draft with --draft (a folder or hub id), or run without one (--method autoregressive)")
+        f"--draft auto: no draft shares {target_id}'s tokens and fits beside it on {device_label}{hint}; "
+        f"candidates: {listed}. Name a draft with --draft (a folder or hub id), or run without one "
+        "(--method autoregressive)")
 
 
 def on_device(config: EngineConfig) -> tuple[int, str, bool]:

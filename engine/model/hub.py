@@ -88,18 +88,29 @@ def offline() -> bool:
 def cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
     """The cached snapshot folder of `repo_id` at `revision` (a branch, tag or commit) if it holds the
     files the model needs (the download's own file list where the cache kept it), else None."""
-    from huggingface_hub import get_cached_repo_tree, try_to_load_from_cache
-    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+    from huggingface_hub import try_to_load_from_cache
 
     found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
     if not isinstance(found, str):
         return None
     folder = Path(found).parent
-    try:
-        listed = [entry.path for entry in get_cached_repo_tree(repo_id, revision=revision)]
-    except CachedRepoTreeNotFoundError:  # a cache laid by other tools: judge by the files
+    listed = cached_file_list(repo_id, revision)
+    if listed is None:  # a cache laid by other tools or releases: judge by the files
         return folder if has_weights(folder) else None
     return folder if all((folder / name).exists() for name in needed_files(listed)) else None
+
+
+def cached_file_list(repo_id: str, revision: str | None) -> list[str] | None:
+    """The repository's file list the download cached (huggingface_hub releases that keep one), or None."""
+    try:
+        from huggingface_hub import get_cached_repo_tree
+        from huggingface_hub.errors import CachedRepoTreeNotFoundError
+    except ImportError:
+        return None
+    try:
+        return [entry.path for entry in get_cached_repo_tree(repo_id, revision=revision)]
+    except CachedRepoTreeNotFoundError:
+        return None
 
 
 def download(repo_id: str, revision: str | None) -> Path:

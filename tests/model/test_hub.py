@@ -118,7 +118,7 @@ def test_draft_auto_checks_the_tokens_not_the_names(models, cache) -> None:
     with pytest.raises(CheckpointError) as info:
         draft_auto.choose_draft(config_for(snapshots["org/tiny"]), "org/tiny", 10 * GB, "a test GPU")
     message = str(info.value)
-    assert "--draft auto: no draft shares org/tiny's tokens and fits beside it on a test GPU; candidates: " in message
+    assert "--draft auto: no draft shares org/tiny's tokens and fits beside it on a test GPU (the target is resident: --offload streams its layers); candidates: " in message
     assert "org/other-vocab: another vocabulary (300 tokens, the target's 320)" in message
     assert "Name a draft with --draft" in message and "\n" not in message
 
