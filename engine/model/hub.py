@@ -30,7 +30,7 @@ HUB_PAGE = "https://huggingface.co"
 
 
 def is_local(value: str) -> bool:
-    return Path(value).expanduser().is_dir()
+    return bool(value) and Path(value).expanduser().is_dir()
 
 
 def looks_like_hub_id(value: str) -> bool:
