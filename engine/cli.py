@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import EngineConfig, engine_config_from, read_config_file
+from engine.model.named_models import draft_by_default, resolve_pair
 from engine.types import ConfigError
 
 DEFAULT_MODELS = Path(__file__).resolve().parents[1] / "models" / "default"
@@ -16,8 +17,13 @@ DEFAULT_MODEL_NAME = "specexec-default"
 
 # flag -> (section, field, type, help); the help's default is read from the config dataclass
 ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
-    "--target": ("model", "target", str, "target model: a local Hugging Face checkpoint folder (default: the built-in pair)"),
-    "--draft": ("model", "draft", str, "draft model folder; must share the target's token ids (default: the built-in pair)"),
+    "--target": ("model", "target", str, "target model: a local Hugging Face checkpoint folder or a Hub id (org/name: "
+                 "from the hub cache, else downloaded) (default: the built-in pair)"),
+    "--draft": ("model", "draft", str, "draft model: a folder, a Hub id, or auto (a cached or known model with the "
+                "target's token ids that fits beside it; the default for a target given by id); must share the "
+                "target's token ids (default: the built-in pair)"),
+    "--revision": ("model", "revision", str, "the target's Hub revision: a branch, tag or commit (default: main)"),
+    "--draft-revision": ("model", "draft_revision", str, "the draft's Hub revision (default: main)"),
     "--dtype": ("model", "dtype", str, "auto (fp32 on CPU; on CUDA bf16 for a bf16 checkpoint on sm80+, else fp16), "
                 "float32, float16 or bfloat16"),
     "--device": ("model", "device", str, "auto (cuda if available), cpu or cuda[:N]"),
@@ -154,10 +160,21 @@ def engine_config_from_args(args: argparse.Namespace, require_folders: bool = Tr
         )
         if not model.get("name"):
             overrides["model"]["name"] = DEFAULT_MODEL_NAME
+    else:
+        method = {**sections.get("speculation", {}), **overrides.get("speculation", {})}.get("method", "specexec")
+        draft = draft_by_default(model["target"], model.get("draft", ""), method)
+        if draft != model.get("draft", ""):
+            overrides.setdefault("model", {})["draft"] = draft
     config = engine_config_from(sections, overrides, args.config)
     if require_folders:
-        check_paths(config)
+        config = resolve_models(config)
     return config, sections.get("server", {})
+
+
+def resolve_models(config: EngineConfig) -> EngineConfig:
+    """The config with its models as local folders: hub ids from the cache or downloaded (progress on
+    stderr), a draft "auto" chosen (engine.model.named_models); CheckpointError: one line, what to do."""
+    return resolve_pair(config)
 
 
 def check_paths(config: EngineConfig) -> None:

@@ -28,8 +28,10 @@ def require(cond: bool, field_name: str, message: str) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    target: str = ""
-    draft: str = ""
+    target: str = ""  # a local checkpoint folder or a Hugging Face Hub id (engine.model.hub)
+    draft: str = ""  # the same, or "auto": chosen from the hub cache and known shapes (engine.model.draft_auto)
+    revision: str = ""  # the target's hub revision (branch, tag or commit); "": main
+    draft_revision: str = ""  # the draft's
     dtype: str = "auto"  # auto: float32 on CPU; CUDA: a bf16 checkpoint's bfloat16 on sm80+, else float16
     device: str = "auto"  # auto: cuda if available else cpu
     name: str = ""  # model id served over HTTP; default: target folder name
@@ -269,7 +271,8 @@ PATH_FIELDS = {"model": ("target", "draft"), "server": ("chat_template",)}
 def resolve_relative_paths(data: dict[str, dict], config_dir: Path) -> None:
     """A relative path in a config file means next to the file if it exists there, else the current dir.
 
-    Hub-id-shaped values (`org/name`) are relative paths too: they are never downloaded."""
+    A hub-id-shaped value (`org/name`) stays as it is unless a folder of that name is next to the file:
+    a folder of that name in the current dir, else the hub id (engine.model.hub)."""
     for section, names in PATH_FIELDS.items():
         values = data.get(section, {})
         for name in names:

@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         print_table(args.table, total)
         return 0
     config, _ = engine_config_from_args(args, require_folders=False)
+    if config.model.draft == "auto" and config.speculation.method != "autoregressive":
+        config = with_auto_draft(config, total)
     result = plan_pair(config, total)
     print_plan(result, total)
     if result.fits:
@@ -69,6 +71,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {flags}: resident layers {alternative.resident_layers}, KV slots {slots(alternative)}, "
               f"{alternative.plan.total / GB:.2f} GB")
     return 1
+
+
+def with_auto_draft(config, total_bytes: int):
+    """`--draft auto` for a plan: chosen as the server would choose it on this GPU, without weights
+    (the target's tokenizer from its folder or the hub cache, else its tokenizer files downloaded)."""
+    import sys
+
+    from engine.model import draft_auto, hub
+    from engine.types import CheckpointError
+
+    target = config.model.target
+    tokens = target if hub.is_local(target) else hub.tokenizer_folder(target)
+    if tokens is None:
+        raise CheckpointError(f"--draft auto: {target}'s tokenizer is not in the cache and cannot be downloaded now; "
+                              "name a draft with --draft")
+    draft, why = draft_auto.choose_draft(config, target, total_bytes, f"a {total_bytes / GB:g} GB GPU",
+                                         tokens_folder=str(tokens), fetch=False)
+    print(f"specexec: {why}", file=sys.stderr)
+    return config.replace("model", draft=draft)
 
 
 def table_row(name: str, flags: str, result: PairPlan) -> str:

@@ -85,7 +85,7 @@ def test_an_unknown_model_names_the_fix(capsys, tmp_path):
     code = main(["plan", "--target", str(tmp_path / "nowhere"), "--method", "autoregressive",
                  "--gpu-memory-total", "24"])
     assert code == 2
-    assert "download its config.json alone" in capsys.readouterr().err
+    assert "nowhere: no config.json there; name a model folder, or a hub id" in capsys.readouterr().err
 
 
 ARCHS = ["llama", "mistral", "qwen2", "mixtral"]

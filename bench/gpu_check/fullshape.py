@@ -10,51 +10,27 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 
 from bench.gpu_check.context import CheckContext
 from bench.gpu_check.fullshape_build import build_engine
 from bench.gpu_check.fullshape_kernels import kernel_rows, pass_rows
-from bench.gpu_check.fullshape_report import print_join, print_kernels, print_passes, print_steps, print_users
+from bench.gpu_check.fullshape_report import (
+    StepRow,
+    print_join,
+    print_kernels,
+    print_passes,
+    print_steps,
+    print_users,
+)
 from bench.gpu_check.probes import GB, peak_bytes, reset_peak
 from engine.model import memory_plan
 from engine.runtime import Engine
 from engine.types import PassStats, Request, SamplingParams
 
-PASS_GOAL = 1.15  # streamed pass / max(copy, compute) at budget 256
-OVERLAP_GOAL = 1.15  # tokens/s with overlap on / off, where the pass is copy-bound
-STREAMS_GOAL = 3.0  # 4 streams' tokens/s / 1 stream's
-JOIN_GOAL = 2.0  # the running stream's longest gap while a prompt joins / its median gap before
 MAX_JOIN_STEPS = 200  # the joining prompt's first token within this many steps and seconds, or the table
 MAX_JOIN_SECONDS = 90.0  # says how far it got
-PCIE4_GBPS = 25.0  # pinned host -> device on PCIe 4.0 x16: 31.5 GB/s theoretical, ~25 measured (bandwidthTest)
-ACCEPTANCES = (  # tokens per pass at budget 256
-    ("built-in pair, greedy (docs/bench/gpu.md, bench row of 2026-11-23)", 6.40),
-    ("SpecExec paper: Llama-2-70B GPTQ on an RTX 4090, budget 256", 13.46),
-)
-
-
-@dataclass(frozen=True)
-class StepRow:
-    budget: int
-    overlap: bool
-    streams: int
-    stats: list[PassStats]
-    peak: int | None
-    planned: int
-
-    def median(self, field: str) -> float:
-        return statistics.median(getattr(s, field) for s in self.stats)
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return sum(s.num_emitted for s in self.stats) / len(self.stats)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return sum(s.num_emitted for s in self.stats) / sum(s.step_seconds for s in self.stats)
 
 
 def greedy(tokens: int) -> SamplingParams:

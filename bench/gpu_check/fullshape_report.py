@@ -2,14 +2,44 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import statistics
+from dataclasses import dataclass
 
 from bench.gpu_check.context import CheckContext
 from bench.gpu_check.fullshape_kernels import KernelRow, PassRow
 from bench.gpu_check.probes import gigabytes
+from engine.types import PassStats
 
-if TYPE_CHECKING:
-    from bench.gpu_check.fullshape import StepRow
+PASS_GOAL = 1.15  # streamed pass / max(copy, compute) at budget 256
+OVERLAP_GOAL = 1.15  # tokens/s with overlap on / off, where the pass is copy-bound
+STREAMS_GOAL = 3.0  # 4 streams' tokens/s / 1 stream's
+JOIN_GOAL = 2.0  # the running stream's longest gap while a prompt joins / its median gap before
+PCIE4_GBPS = 25.0  # pinned host -> device on PCIe 4.0 x16: 31.5 GB/s theoretical, ~25 measured (bandwidthTest)
+ACCEPTANCES = (  # tokens per pass at budget 256
+    ("built-in pair, greedy (docs/bench/gpu.md, bench row of 2026-11-23)", 6.40),
+    ("SpecExec paper: Llama-2-70B GPTQ on an RTX 4090, budget 256", 13.46),
+)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    budget: int
+    overlap: bool
+    streams: int
+    stats: list[PassStats]
+    peak: int | None
+    planned: int
+
+    def median(self, field: str) -> float:
+        return statistics.median(getattr(s, field) for s in self.stats)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return sum(s.num_emitted for s in self.stats) / len(self.stats)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return sum(s.num_emitted for s in self.stats) / sum(s.step_seconds for s in self.stats)
 
 
 def ms(seconds: float) -> str:
@@ -35,8 +65,6 @@ def pass_ratio(row: PassRow) -> float:
 
 
 def print_passes(ctx: CheckContext, rows: list[PassRow]) -> None:
-    from bench.gpu_check.fullshape import PASS_GOAL
-
     report, budget = ctx.report, min(ctx.plan.full.budgets)
     report.line(f"A causal pass of n tokens after {ctx.plan.full.prompt_len} cached ones, logits for every row: "
                 "compute (one resident layer copy used for every layer, no copies), plain copy of every "
@@ -60,8 +88,6 @@ def copy_bound(passes: list[PassRow], tree_tokens: int) -> bool:
 
 
 def print_steps(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow]) -> None:
-    from bench.gpu_check.fullshape import OVERLAP_GOAL, STREAMS_GOAL
-
     report, full, cuda = ctx.report, ctx.plan.full, ctx.device.type == "cuda"
     copy_ms = ms(passes[0].copy_s) if passes else "-"
     report.line(f"Engine steps, greedy, {full.prompt_len}-token random prompts, median of {full.measured_steps} "
@@ -103,8 +129,6 @@ def print_steps(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow]) -
 
 def print_join(ctx: CheckContext, median_before: float, longest_after: float, steps: int, waited: float,
                first: bool) -> None:
-    from bench.gpu_check.fullshape import JOIN_GOAL
-
     report, full = ctx.report, ctx.plan.full
     ratio = longest_after / median_before
     if ratio > JOIN_GOAL and ctx.device.type == "cuda":
@@ -121,8 +145,6 @@ def print_join(ctx: CheckContext, median_before: float, longest_after: float, st
 def print_users(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow], streamed_bytes: float) -> None:
     """Tokens/s for one user: measured draft time (overlap on, one stream) + the pass with its copy at
     PCIe 4.0 x16 (max of that copy and the measured compute), at other acceptances."""
-    from bench.gpu_check.fullshape import ACCEPTANCES, PCIE4_GBPS
-
     report, budget = ctx.report, min(ctx.plan.full.budgets)
     one = next((r for r in rows if r.budget == budget and r.overlap and r.streams == 1), None)
     tree = next((r for r in passes if r.num_tokens == budget + 1), None)

@@ -40,7 +40,8 @@ from engine.types import CheckpointError, ConfigError
 
 log = logging.getLogger("specexec.engine")
 
-SUPPORTED_METHODS = ("gptq",)
+SUPPORTED_METHODS = ("gptq",)  # through transformers and the gptq extra
+OTHER_METHODS = ("awq (4-bit GEMM)", "compressed-tensors (pack-quantized W4A16)")  # engine.model.int4_checkpoint
 GPTQ_MODULES = ("optimum", "gptqmodel")  # transformers' GPTQ path needs both
 GPTQ_PIP = "pip install 'specexec-server[gptq]'"
 GPTQ_PIP_SOURCE = "pip install -e '.[gptq]'"
@@ -61,13 +62,22 @@ def missing_modules() -> list[str]:
 
 
 def check_loadable(path: str, config: dict) -> None:
-    """Raise CheckpointError unless this install can load `config`'s quantization."""
+    """Raise CheckpointError unless this install can load `config`'s quantization (AWQ and
+    compressed-tensors 4-bit need no extra: engine.model.int4_checkpoint)."""
+    from engine.model import int4_formats
+
     method = quant_method(config)
     if method is None:
         return
+    try:
+        if int4_formats.format_of(config) is not None:
+            return
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
     if method not in SUPPORTED_METHODS:
         raise CheckpointError(
-            f"{path}: quantization method {method!r} is not supported; supported: {', '.join(SUPPORTED_METHODS)}"
+            f"{path}: quantization method {method!r} is not supported; supported: "
+            f"{', '.join((*SUPPORTED_METHODS, *OTHER_METHODS))}"
         )
     missing = missing_modules()
     if missing:
@@ -92,7 +102,8 @@ def load_kwargs(config: dict) -> dict:
 
 def quantized_modules(module: nn.Module) -> dict[str, nn.Module]:
     """Submodules (by name relative to `module`) that hold packed quantized weights."""
-    return {name: sub for name, sub in module.named_modules() if getattr(sub, "qweight", None) is not None}
+    return {name: sub for name, sub in module.named_modules()
+            if getattr(sub, "qweight", None) is not None and not getattr(sub, "file_packed", False)}
 
 
 def unregistered_tensors(module: nn.Module) -> list[str]:

@@ -148,21 +148,32 @@ def from_gptq(module: nn.Module, compute_device: torch.device) -> Int4Linear:
     """The int4 form of a loaded gptqmodel quantized linear (its checks passed: `applies`). The repack
     runs on `compute_device` (milliseconds per matrix on a GPU; ~90 ns per weight on one CPU thread);
     the module's tensors come back on the device the quantized module was on (the host, to stream)."""
-    k, n, group = module.in_features, module.out_features, module.group_size
-    home = module.qweight.device
+    k, n = module.in_features, module.out_features
     q = unpack_rows(module.qweight.to(compute_device))[:k]  # [K, N]
     zeros = unpack_cols(module.qzeros.to(compute_device))[:, :n]  # [K / group, N]
     if module.qzero_format() == 1:  # zero points stored minus one (the v1 file form)
         zeros = zeros + 1
-    g_idx = module.g_idx.to(compute_device, torch.long)
+    bias = module.bias.detach() if getattr(module, "bias", None) is not None else None
+    return from_values(q.T, zeros.T, module.scales.to(compute_device).T, module.g_idx.to(compute_device),
+                       module.group_size, bias, compute_device, module.qweight.device)
+
+
+def from_values(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
+                group: int, bias: torch.Tensor | None, compute_device: torch.device, home: torch.device) -> Int4Linear:
+    """The int4 form of w[n, k] = scales[n, g(k)] * (q[n, k] - zeros[n, g(k)]), g(k) = g_idx[k] or
+    k // group: q [N, K] and zeros [N, K / group] unsigned 4-bit values, scales [N, K / group], all on
+    `compute_device`, where the repack runs; the buffers come back on `home`."""
+    n, k = q.shape
+    q = q.to(torch.int32)
+    g_idx = torch.arange(k, device=compute_device) // group if g_idx is None else g_idx.to(compute_device, torch.long)
     perm = None
     if not torch.equal(g_idx, torch.arange(k, device=compute_device) // group):
         perm = torch.argsort(g_idx, stable=True)
-        q = q[perm]
-    scales = module.scales.to(compute_device, torch.float32)  # [K / group, N]
-    scales_and_zeros = torch.stack([scales, scales * (8 - zeros.float())], dim=-1).to(torch.bfloat16)
-    bias = module.bias.detach() if getattr(module, "bias", None) is not None else None
-    packed = pack_for(q.T, compute_device)  # on the host
+        q = q[:, perm]
+    scales = scales.to(compute_device, torch.float32).T  # [K / group, N]
+    zeros = zeros.to(compute_device, torch.float32).T
+    scales_and_zeros = torch.stack([scales, scales * (8 - zeros)], dim=-1).to(torch.bfloat16)
+    packed = pack_for(q, compute_device)  # on the host
     return Int4Linear(k, n, group, compute_device.type, packed.to(home), scales_and_zeros.to(home),
                       None if perm is None else perm.to(home), None if bias is None else bias.to(home))
 

@@ -72,7 +72,9 @@ def dequant_scratch_bytes(runner: DecoderRunner | None) -> int:
     """Device bytes a call of the runner's largest quantized matrix makes: gptqmodel's dequantize kernel
     an int8 unpack and three [in, out] fp16 temporaries (DEQUANT_BYTES_PER_WEIGHT per weight; gptqmodel
     7.6's torch path); the int4 kernel on CUDA its dequantized bf16 weight for calls of many rows
-    (gptq_int4.DEQUANT_BYTES_PER_WEIGHT); 0 for unquantized layers and the int4 kernel on CPU."""
+    (gptq_int4.DEQUANT_BYTES_PER_WEIGHT); AWQ and compressed-tensors maps on the dequantize kernel their
+    weight at the model dtype and a float32 chunk (counted as gptqmodel's, an upper bound); 0 for
+    unquantized layers and the int4 kernel on CPU."""
     if runner is None:
         return 0
     largest = 0
@@ -80,6 +82,8 @@ def dequant_scratch_bytes(runner: DecoderRunner | None) -> int:
         for sub in gptq.quantized_modules(layer).values():
             largest = max(largest, sub.in_features * sub.out_features * DEQUANT_BYTES_PER_WEIGHT)
         for sub in layer.modules():
+            if getattr(sub, "file_packed", False):  # AWQ / compressed-tensors on the dequantize kernel: at most
+                largest = max(largest, sub.in_features * sub.out_features * DEQUANT_BYTES_PER_WEIGHT)
             if isinstance(sub, gptq_int4.Int4Linear) and sub.kernel_device == "cuda":
                 largest = max(largest, sub.in_features * sub.out_features * gptq_int4.DEQUANT_BYTES_PER_WEIGHT)
     return largest
