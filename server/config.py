@@ -26,6 +26,7 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # browser origins allowed; ("*",) allows any
     chat_template: str | None = None  # Jinja file overriding the tokenizer's chat_template
     tool_parser: str = "auto"  # tool-call format; auto: from the chat template; none: no tool calls
+    webui: bool = True  # the chat page at / (server/webui/); off: / answers plain text
     # model ids over HTTP, all accepted, the first listed first by /v1/models (and echoed when a
     # request names none); a string is one name; (): the engine's model name
     served_model_name: tuple[str, ...] | str = ()
@@ -41,7 +42,6 @@ class ServerConfig:
     # auto: a request's left-out temperature/top_p/top_k/min_p/repetition_penalty take the values the
     # target's generation_config.json sets (as vLLM); none: the API's own defaults
     generation_config: str = "auto"
-    webui: bool = True  # the chat page at / (server/webui/); off: / answers plain text
 
     def __post_init__(self) -> None:
         if isinstance(self.cors_origins, list):
@@ -82,9 +82,9 @@ class ServerConfig:
             f"must be > 0, got {self.ping_seconds!r}",
         )
         require(self.log_level in LOG_LEVELS, "server.log_level", f"must be one of {', '.join(LOG_LEVELS)}")
+        require(isinstance(self.webui, bool), "server.webui", f"must be true or false, got {self.webui!r}")
         require(self.generation_config in GENERATION_CONFIG, "server.generation_config",
                 f"must be one of {', '.join(GENERATION_CONFIG)}, got {self.generation_config!r}")
-        require(isinstance(self.webui, bool), "server.webui", f"must be true or false, got {self.webui!r}")
         require(self.tool_parser in TOOL_PARSERS, "server.tool_parser", f"must be one of {', '.join(TOOL_PARSERS)}")
         self._check_limits()
 

@@ -13,9 +13,9 @@ from server.config import GENERATION_CONFIG, LOG_LEVELS, TOOL_PARSERS, ServerCon
 log = logging.getLogger("specexec.server")
 
 # flag dest -> ServerConfig field (the same name: every flag is a [server] key)
-SERVER_FIELDS = ("host", "port", "api_key", "cors_origins", "chat_template", "tool_parser", "served_model_name",
+SERVER_FIELDS = ("host", "port", "webui", "api_key", "cors_origins", "chat_template", "tool_parser", "served_model_name",
                  "ping_seconds", "log_level", "allowed_hosts", "read_timeout", "shutdown_timeout",
-                 "grammar_timeout", "generation_config", "webui")
+                 "grammar_timeout", "generation_config")
 MIB = 2**20
 
 
@@ -24,6 +24,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1: this machine only)")
     group.add_argument("--port", type=int, default=None, help="TCP port (default 8000)")
+    group.add_argument("--no-webui", dest="webui", action="store_const", const=False, default=None,
+                       help="no chat page at / (it answers plain text); config: webui = false")
     group.add_argument("--api-key", default=None,
                        help="require this key on /v1/*, /infill and /api/* (Bearer or x-api-key); env SPECEXEC_API_KEY also works")
     group.add_argument("--cors-origins", default=None,
@@ -39,8 +41,6 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="auto (default, as vLLM): sampling fields a request leaves out (temperature, top_p, "
                             "top_k, min_p, repetition_penalty) take the values in the target's "
                             "generation_config.json; none: the API's defaults (temperature 1, no truncation)")
-    group.add_argument("--no-webui", dest="webui", action="store_const", const=False, default=None,
-                       help="no chat page at / (it answers plain text); config: webui = false")
     group.add_argument("--ping-seconds", type=float, default=None,
                        help="interval of SSE ': ping' keep-alive comments (default 5)")
     group.add_argument("--log-level", default=None, choices=LOG_LEVELS, help="uvicorn log level (default info)")
