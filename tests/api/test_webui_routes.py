@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,3 +82,20 @@ def test_no_webui_flag_and_config_key(monkeypatch: pytest.MonkeyPatch) -> None:
     assert server_config_from(parser.parse_args([]), {"webui": False}).webui is False
     with pytest.raises(ConfigError, match="server.webui"):
         server_config_from(parser.parse_args([]), {"webui": "no"})
+
+
+@pytest.mark.parametrize("webui", [True, False])
+def test_root_answers_while_the_model_loads(fake_server: Callable, webui: bool) -> None:
+    release = threading.Event()
+
+    def loader(config: object) -> FakeEngine:
+        release.wait(30)
+        return FakeEngine()
+
+    srv = fake_server(loader=loader, webui=webui)
+    try:
+        assert httpx.get(f"{srv.url}/health", timeout=10).status_code == 503
+        assert httpx.get(f"{srv.url}/", timeout=10).status_code == 200
+        assert httpx.head(f"{srv.url}/", timeout=10).status_code == 200
+    finally:
+        release.set()
