@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from engine.config import EngineConfig
 from engine.types import GenerationEngine
@@ -82,6 +82,7 @@ def build_app(
         )
     if (hosts := allowed_hosts(server_config)) is not None:
         app.add_middleware(HostCheckMiddleware, allowed=hosts)
+    app.add_api_route("/", root, methods=["GET", "HEAD"])  # Claude Code probes HEAD / before anything else
     app.add_api_route("/health", health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(_v1_router())
@@ -120,6 +121,11 @@ def _v1_router() -> APIRouter:
     router.add_api_route("/responses/{response_id}", delete_response, methods=["DELETE"])
     router.add_api_route("/responses/{response_id}/input_items", list_input_items, methods=["GET"])
     return router
+
+
+async def root(request: Request) -> PlainTextResponse:
+    """200 whenever the server listens (a reachability probe; readiness is /health)."""
+    return PlainTextResponse("SpecExec Server is running\n")
 
 
 async def health(request: Request) -> JSONResponse:

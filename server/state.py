@@ -62,8 +62,9 @@ class ServerState:
         return self.model_names[0] if self.model_names else ""
 
     def response_model(self, requested: str | None) -> str:
-        """The `model` of a response: the id the request named (checked already), else the first."""
-        return requested if requested is not None else self.model_name
+        """The `model` of a response: the id the request named (checked already), else the first ("" counts
+        as omitted)."""
+        return requested or self.model_name
 
     @property
     def ready(self) -> bool:
@@ -90,8 +91,9 @@ class ServerState:
         return self.async_engine, self.prompt
 
     def check_model(self, model: str | None) -> None:
-        """An omitted model means the served one (as llama.cpp and vLLM do); an unknown id is a 404."""
-        if model is not None and model not in self.model_names:
+        """An omitted model (null, or "" as some clients send) means the served one (as llama.cpp and vLLM
+        do); an unknown id is a 404."""
+        if model and model not in self.model_names:
             raise model_not_found(model)
 
     async def load(self, loader: EngineLoader) -> None:

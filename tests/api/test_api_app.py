@@ -206,3 +206,19 @@ def test_api_key_and_cors(fake_server, header: str) -> None:
     other = httpx.options(srv.url + "/v1/models", headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "GET"})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_root_answers_200_to_head_and_get_even_while_loading(fake_server) -> None:
+    """Claude Code probes `HEAD /` before anything else; a 404 there ended its session."""
+    release = threading.Event()
+
+    def slow_loader(config):
+        assert release.wait(30)
+        return FakeEngine()
+
+    srv = fake_server(loader=slow_loader, api_key="sekrit")
+    head = httpx.head(srv.url + "/")
+    assert head.status_code == 200 and head.content == b""
+    assert httpx.get(srv.url + "/").status_code == 200
+    release.set()
+    assert httpx.head(srv.url + "/").status_code == 200
