@@ -222,3 +222,26 @@ def test_root_answers_200_to_head_and_get_even_while_loading(fake_server) -> Non
     assert httpx.get(srv.url + "/").status_code == 200
     release.set()
     assert httpx.head(srv.url + "/").status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_timings_after_a_stop_string_count_only_the_returned_tokens(fake_server, stream: bool) -> None:
+    """A stop string ends the text inside a step (3 tokens, 2 of them accepted draft tokens); the rest of
+    that step and the step drained after the abort are not this reply's: every counter is over the
+    returned tokens, and they agree with each other."""
+    srv = fake_server(FakeEngine(tokens_per_step=3))
+    body = {**CHAT, "stop": ["brown fox"], "max_tokens": 100, "stream": stream}
+    if stream:
+        chunks = post_stream(srv.url + "/v1/chat/completions", body).chunks()
+        timings = next(c["timings"] for c in chunks if "timings" in c)
+    else:
+        timings = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30).json()["timings"]
+    returned = timings["predicted_n"]
+    tokens = srv.engine.tokenizer.encode(SCRIPT[: SCRIPT.index("brown fox") + len("brown fox")],
+                                         add_special_tokens=False)
+    assert returned == len(tokens) and returned % 3 != 0  # the stop's last token is inside a step
+    passes = -(-returned // 3)
+    accepted = 2 * (passes - 1) + min(2, returned - 3 * (passes - 1))
+    assert timings["target_passes"] == passes and timings["draft_tokens_accepted"] == accepted
+    assert timings["mean_accepted_per_pass"] == round(returned / passes, 4)
+    assert timings["mean_draft_accepted_per_pass"] == round(accepted / passes, 4)
