@@ -193,7 +193,7 @@ async def collect_response(request: HTTPRequest, gens: list[Generation], env: En
     choices = []
     for index, (gen, text) in enumerate(zip(gens, texts, strict=True)):
         assert gen.finish_reason is not None
-        content, calls = (text, None) if gen.tools is None else gen.tools.message(text)
+        content, calls = (text, None) if gen.tools is None else gen.tools.message(text, gen.finish_reason)
         reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
         choices.append(env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls))
     body = env.completion(choices, choices_usage(gens), choices_timings(gens))

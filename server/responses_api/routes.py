@@ -105,7 +105,7 @@ def _deltas(gen: Generation, text: str) -> list[Delta]:
 
 
 def _finish_deltas(gen: Generation) -> list[Delta]:
-    return [] if gen.tools is None else gen.tools.finish()
+    return [] if gen.tools is None else gen.tools.finish(gen.finish_reason)
 
 
 def _incomplete(gen: Generation) -> bool:
