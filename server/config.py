@@ -16,6 +16,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 TOOL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "none")  # server/toolcalls/parsers.py
 API_KEY_ENV = "SPECEXEC_API_KEY"
 GENERATION_CONFIG = ("auto", "none")  # where left-out sampling fields come from (server/sampling_defaults.py)
+JSON_WHITESPACE = ("compact", "free")  # whitespace in JSON under a grammar (engine.types.StructuredOutput)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class ServerConfig:
     # auto: a request's left-out temperature/top_p/top_k/min_p/repetition_penalty take the values the
     # target's generation_config.json sets (as vLLM); none: the API's own defaults
     generation_config: str = "auto"
+    # JSON written under a grammar (response_format, guided_json, tool-call arguments): compact (", " and
+    # ": ", as chat templates print JSON), or free whitespace (at most 16 characters per gap)
+    json_whitespace: str = "compact"
 
     def __post_init__(self) -> None:
         if isinstance(self.cors_origins, list):
@@ -83,6 +87,8 @@ class ServerConfig:
         require(self.log_level in LOG_LEVELS, "server.log_level", f"must be one of {', '.join(LOG_LEVELS)}")
         require(self.generation_config in GENERATION_CONFIG, "server.generation_config",
                 f"must be one of {', '.join(GENERATION_CONFIG)}, got {self.generation_config!r}")
+        require(self.json_whitespace in JSON_WHITESPACE, "server.json_whitespace",
+                f"must be one of {', '.join(JSON_WHITESPACE)}, got {self.json_whitespace!r}")
         require(self.tool_parser in TOOL_PARSERS, "server.tool_parser", f"must be one of {', '.join(TOOL_PARSERS)}")
         self._check_limits()
 

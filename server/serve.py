@@ -8,14 +8,21 @@ import sys
 from typing import Any
 
 from engine.config import EngineConfig, build_section
-from server.config import GENERATION_CONFIG, LOG_LEVELS, TOOL_PARSERS, ServerConfig, api_key_from_env
+from server.config import (
+    GENERATION_CONFIG,
+    JSON_WHITESPACE,
+    LOG_LEVELS,
+    TOOL_PARSERS,
+    ServerConfig,
+    api_key_from_env,
+)
 
 log = logging.getLogger("specexec.server")
 
 # flag dest -> ServerConfig field (the same name: every flag is a [server] key)
 SERVER_FIELDS = ("host", "port", "api_key", "cors_origins", "chat_template", "tool_parser", "served_model_name",
                  "ping_seconds", "log_level", "allowed_hosts", "read_timeout", "shutdown_timeout",
-                 "grammar_timeout", "generation_config")
+                 "grammar_timeout", "generation_config", "json_whitespace")
 MIB = 2**20
 
 
@@ -39,6 +46,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="auto (default, as vLLM): sampling fields a request leaves out (temperature, top_p, "
                             "top_k, min_p, repetition_penalty) take the values in the target's "
                             "generation_config.json; none: the API's defaults (temperature 1, no truncation)")
+    group.add_argument("--json-whitespace", default=None, choices=JSON_WHITESPACE,
+                       help="JSON written under a grammar (response_format, guided_json, tool-call arguments): "
+                            "compact (default: the separators ', ' and ': ' chat templates print, no other "
+                            "whitespace) or free (any whitespace, at most 16 characters between elements)")
     group.add_argument("--ping-seconds", type=float, default=None,
                        help="interval of SSE ': ping' keep-alive comments (default 5)")
     group.add_argument("--log-level", default=None, choices=LOG_LEVELS, help="uvicorn log level (default info)")

@@ -34,6 +34,9 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
     params = req.with_defaults(state.sampling_defaults).to_sampling_params(max_tokens, prompt.vocab_size)
     if plan is not None:  # the calls' grammar (with "auto", it holds the reply's response_format too)
         params = dataclasses.replace(params, structured_output=plan.grammar)
+    if params.structured_output is not None:  # --json-whitespace
+        params = dataclasses.replace(params, structured_output=dataclasses.replace(
+            params.structured_output, json_whitespace=state.server_config.json_whitespace))
     await check_structured_output(state, req, plan, params.structured_output)
     if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
         params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)

@@ -43,9 +43,10 @@ if TYPE_CHECKING:
     import xgrammar
 
 GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept per engine
-# Whitespace characters allowed between JSON elements: room for pretty-printing, but a model cannot
-# stall a request in an endless run of spaces.
+# Whitespace characters allowed between JSON elements with json_whitespace "free": room for
+# pretty-printing, but a model cannot stall a request in an endless run of spaces.
 MAX_JSON_WHITESPACE = 16
+JSON_SEPARATORS = (", ", ": ")  # json_whitespace "compact": as json.dumps and chat templates' tojson print JSON
 ALL_TOKENS = -1  # a packed word with every bit set
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # xgrammar's "[hh:mm:ss] file.cc:line: " prefix
 
@@ -210,9 +211,12 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int
 def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> xgrammar.CompiledGrammar:
     """json_object: any JSON object; json_schema: strict mode (no properties or items the schema does
     not name, as OpenAI's strict schemas require; every such output is valid under the schema);
-    structural_tag: as given (its JSON schemas say their own whitespace and strictness), each of its JSON
-    schemas checked and rewritten as a json_schema spec is (engine/speculation/schema_support.py)."""
-    json_format = {"any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    structural_tag: as given, each of its JSON schemas checked and rewritten as a json_schema spec is
+    (engine/speculation/schema_support.py). JSON whitespace as `spec.json_whitespace` says: compact (a
+    structural tag's JSON schemas become grammars of compact JSON) or free."""
+    compact = spec.json_whitespace == "compact"
+    json_format = {"any_whitespace": False, "separators": JSON_SEPARATORS} if compact else {
+        "any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
     try:
         if spec.kind == "json_object":
             return compiler.compile_json_schema('{"type": "object"}', strict_mode=False, **json_format)
@@ -220,12 +224,29 @@ def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> 
             schema = enforceable(json.loads(spec.spec))  # not JSON: a clearer message than the compiler's
             return compiler.compile_json_schema(json.dumps(schema), strict_mode=True, **json_format)
         if spec.kind == "structural_tag":
-            return compiler.compile_structural_tag(json.dumps(enforceable_tag(json.loads(spec.spec))))
+            tag = enforceable_tag(json.loads(spec.spec))
+            return compiler.compile_structural_tag(json.dumps(compact_json_tag(tag) if compact else tag))
         return compiler.compile_regex(spec.spec)
     except StructuredOutputError:
         raise
     except (RuntimeError, ValueError) as exc:
         raise compile_error(spec, exc) from None
+
+
+def compact_json_tag(tag: Any) -> Any:
+    """A parsed structural tag with each of its JSON schemas (strict, as the tag's own are) as the grammar
+    of compact JSON under that schema: the tag format has no whitespace setting of its own."""
+    import xgrammar
+
+    if isinstance(tag, list):
+        return [compact_json_tag(value) for value in tag]
+    if not isinstance(tag, dict):
+        return tag
+    if tag.get("type") == "json_schema" and "json_schema" in tag:
+        grammar = xgrammar.Grammar.from_json_schema(json.dumps(tag["json_schema"]), any_whitespace=False,
+                                                    separators=JSON_SEPARATORS, strict_mode=True)
+        return {"type": "grammar", "grammar": str(grammar)}
+    return {key: compact_json_tag(value) for key, value in tag.items()}
 
 
 class GrammarState:
