@@ -261,6 +261,7 @@ class GrammarState:
         self.device = device
         self.num_consumed = 0  # tokens of the last `accept` the grammar took (all, unless it ended)
         self._rows: dict[tuple[int, ...], torch.Tensor] = {}  # path below the root -> [words] int32, this step
+        self._dead_ends: set[tuple[int, ...]] = set()  # paths (this step) after which the grammar allows nothing
 
     @property
     def terminated(self) -> bool:
@@ -273,17 +274,17 @@ class GrammarState:
         if self.terminated:
             return
         self._fill([()] if () not in self._rows else [])
-        if not bool(self._rows[()].any()):
-            raise StructuredOutputError(
-                "the structured output's grammar allows no token here: its language is empty (e.g. a "
-                "schema that only refers to itself, or a regex that matches nothing)"
-            )
+        if () in self._dead_ends:
+            raise dead_end()
 
     def bitmask(self, tree: Tree, nodes: torch.Tensor | None = None) -> torch.Tensor:
         """[k, ceil(vocab / 32)] int32 on the device: the packed masks of the tokens the grammar allows
         after each of `nodes` ([k] node indices; None: every node), from each node's own path. A node
         whose path the grammar rejects, or completes with its stop token, allows every token (it is
-        never reached, or its row is never used). One host sync (the tree's ids and parents)."""
+        never reached, or its row is never used); so does a dead end, a path after which the grammar
+        allows nothing (a language empty past a first token, such as a string pattern that matches
+        nothing): no distribution is emptied, and a token committed there is refused by `accept` with
+        a StructuredOutputError. One host sync (the tree's ids and parents)."""
         num_nodes = tree.num_nodes
         parts = [tree.token_ids, tree.parents] if nodes is None else [tree.token_ids, tree.parents, nodes]
         host = torch.cat(parts).tolist()
@@ -320,6 +321,9 @@ class GrammarState:
                 accepted.append(token)
             if len(accepted) == len(key) and not self.matcher.is_terminated():
                 self.matcher.fill_next_token_bitmask(buffer, row)
+                if not bool(buffer[row].any()):
+                    self._dead_ends.add(key)
+                    buffer[row] = ALL_TOKENS
             self._rows[key] = buffer[row]
         if accepted:
             self.matcher.rollback(len(accepted))
@@ -327,12 +331,21 @@ class GrammarState:
     def accept(self, new_ids: Sequence[int]) -> int:
         """Advance past a step's committed tokens; returns (and keeps in num_consumed) how many the
         grammar took: all, or up to and including the one that completed it."""
+        dead_ends, self._dead_ends = self._dead_ends, set()
         self._rows.clear()
         self.num_consumed = len(new_ids)
         for index, token in enumerate(new_ids):
             if self.matcher.is_terminated():
                 self.num_consumed = index
                 break
-            accepted = self.matcher.accept_token(token)
-            assert accepted, f"committed token {token} is outside the grammar (verification masks every node)"
+            if not self.matcher.accept_token(token):
+                if tuple(new_ids[:index]) in dead_ends:
+                    raise dead_end()
+                raise AssertionError(f"committed token {token} is outside the grammar (verification masks every node)")
         return self.num_consumed
+
+
+def dead_end() -> StructuredOutputError:
+    return StructuredOutputError(
+        "the structured output's grammar allows no token here: its language is empty (e.g. a schema that only "
+        "refers to itself, a regex that matches nothing, or a string pattern that matches nothing)")

@@ -1,4 +1,5 @@
-"""One request whose grammar allows nothing, beside three streams, over HTTP: it gets its own 4xx (or its
+"""One request whose grammar allows nothing (no first token; a dead end after its first token; only
+infinitely deep values), beside three streams, over HTTP: it gets its own 4xx (or its
 own error event), the three finish with the text each gives alone, and /health answers ok all along (within a
 bound only a stuck event loop misses: no latency threshold that a loaded machine could cross)."""
 
@@ -11,7 +12,9 @@ import httpx
 import pytest
 
 MESSAGES = [{"role": "user", "content": "Count to ten."}]
-EMPTY_LANGUAGES = [{"guided_regex": "[^\\s\\S]"}, {"guided_json": {"$ref": "#"}}]
+EMPTY_LANGUAGES = [{"guided_regex": "[^\\s\\S]"}, {"guided_json": {"$ref": "#"}},
+                   {"guided_json": {"type": "string", "pattern": "[^\\s\\S]"}},  # a dead end after '"'
+                   {"guided_json": {"properties": {"child": {"$ref": "#"}}, "required": ["child"]}}]
 HEALTH_TIMEOUT = 30.0  # seconds
 
 
@@ -45,7 +48,7 @@ async def health_answers(http: httpx.AsyncClient, stop: asyncio.Event) -> int:
     return answers
 
 
-@pytest.mark.parametrize("grammar", EMPTY_LANGUAGES, ids=["regex", "self-ref-schema"])
+@pytest.mark.parametrize("grammar", EMPTY_LANGUAGES, ids=["regex", "self-ref-schema", "dead-end", "infinite"])
 def test_an_empty_grammar_fails_alone_over_http(live_server, model_id, grammar) -> None:
     bodies = [{"model": model_id, "messages": [{"role": "user", "content": f"Count to {n}."}], "max_tokens": 24,
                "temperature": 0} for n in (3, 5, 7)]
@@ -67,4 +70,8 @@ def test_an_empty_grammar_fails_alone_over_http(live_server, model_id, grammar) 
     assert error["type"] == "invalid_request_error" and error.get("code") != "internal_error", error
     for got, want in zip([results[0], results[2], results[3]], alone, strict=True):
         assert got[0] == 200 and not got[2] and got[1] == want[1]
+    logged = len(live_server.log_path.read_bytes())
+    whole = httpx.post(f"{live_server.url}/v1/chat/completions", json=bad, timeout=120)
+    assert whole.status_code == 400 and whole.json()["error"]["type"] == "invalid_request_error", whole.text
+    assert b"Traceback" not in live_server.log_path.read_bytes()[logged:]
     assert num_health >= 1  # polled from before the four requests began until they ended, every answer ok
