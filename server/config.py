@@ -39,6 +39,9 @@ class ServerConfig:
     read_timeout: float = 10.0  # seconds to send the request headers, and most seconds of silence in a body
     shutdown_timeout: float = 10.0  # seconds running requests get to finish after SIGTERM/SIGINT
     grammar_timeout: float = 10.0  # seconds a request's grammar may take to compile; longer: a 400
+    # open connections served at once (at most what the file limit leaves: server/connections.py); past
+    # it, 503
+    max_connections: int = 1024
     # auto: a request's left-out temperature/top_p/top_k/min_p/repetition_penalty take the values the
     # target's generation_config.json sets (as vLLM); none: the API's own defaults
     generation_config: str = "auto"
@@ -105,6 +108,12 @@ class ServerConfig:
             and self.max_body_bytes >= 1024,
             "server.max_body_bytes",
             f"must be an integer >= 1024, got {self.max_body_bytes!r}",
+        )
+        require(
+            isinstance(self.max_connections, int) and not isinstance(self.max_connections, bool)
+            and self.max_connections >= 1,
+            "server.max_connections",
+            f"must be an integer >= 1, got {self.max_connections!r}",
         )
         for name, minimum in (("read_timeout", 0.1), ("shutdown_timeout", 0.0), ("grammar_timeout", 0.1)):
             value = getattr(self, name)
