@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from engine.async_engine import AsyncEngine
 from engine.types import (
@@ -29,8 +29,10 @@ from engine.types import (
 )
 from server.detok import TextStream
 from server.errors import engine_down, generation_error, queue_full, shutting_down
+from server.json_pieces import dumps_in_pieces
 from server.logprobs import LogprobFormat
 from server.metrics import Metrics
+from server.preparation import Lane
 from server.responses import Envelope
 from server.toolcalls.output import ToolOutput
 
@@ -184,20 +186,26 @@ class Generation:
         return timings(self.stats(), self.prompt_tokens, self.completion_tokens)
 
 
-async def collect_response(request: HTTPRequest, gens: list[Generation], env: Envelope) -> Response:
+async def collect_response(request: HTTPRequest, gens: list[Generation], env: Envelope, render: Lane) -> Response:
     """Non-streaming: gather each choice's text; a client that goes away, or a choice that fails,
-    aborts every engine request of the response."""
+    aborts every engine request of the response. The body is built and written in `render` (a
+    preparation lane: off the event loop, in pieces)."""
     texts = await collect_texts(request, gens, env.id)
     if texts is None:
         return Response(status_code=499)
+    content = await render.run(completion_body, gens, texts, env)
+    return Response(content, media_type="application/json", headers={"x-request-id": env.id})
+
+
+def completion_body(gens: list[Generation], texts: list[str], env: Envelope) -> bytes:
+    """The JSON of a whole response: each choice's content, calls and logprobs, usage and timings."""
     choices = []
     for index, (gen, text) in enumerate(zip(gens, texts, strict=True)):
         assert gen.finish_reason is not None
         content, calls = (text, None) if gen.tools is None else gen.tools.message(text, gen.finish_reason)
         reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
         choices.append(env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls))
-    body = env.completion(choices, choices_usage(gens), choices_timings(gens))
-    return JSONResponse(body, headers={"x-request-id": env.id})
+    return dumps_in_pieces(env.completion(choices, choices_usage(gens), choices_timings(gens)))
 
 
 async def collect_texts(request: HTTPRequest, gens: list[Generation], response_id: str) -> list[str] | None:

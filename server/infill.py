@@ -148,7 +148,7 @@ async def _infill(request: Request, state: ServerState) -> Response:
     model = state.model_name
     if requested == 0:  # llama.vscode warms the server's cache with these: nothing to generate
         return JSONResponse(final_body("", model, len(prompt_ids), truncated, {"predicted_n": 0}))
-    params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
+    params = await lane.run(req.to_sampling_params, prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
     params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + prompt.fim.stop_ids)
     text = TextStream(prompt.tokenizer, req.stop_strings())
     gen = Generation(async_engine, EngineRequest(new_request_id(False), prompt_ids, params), text,

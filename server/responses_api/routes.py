@@ -17,11 +17,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from server.errors import APIError, generation_error, invalid_request
 from server.generation import Generation, collect_texts
+from server.json_pieces import dumps_in_pieces
 from server.limits import read_body
 from server.protocol import ChatCompletionRequest
 from server.responses_api.output import OutputItems, ResponseHead, new_id, response_fields, usage
@@ -95,7 +96,8 @@ async def _create(request: Request, state: ServerState) -> Response:
     items.close("incomplete" if incomplete else "completed")
     body = _final(head, gen, items, incomplete)
     _save(saved, body)
-    return JSONResponse(body, headers={"x-request-id": head.id})
+    content = await state.preparation.render.run(dumps_in_pieces, body)  # off the event loop, in pieces
+    return Response(content, media_type="application/json", headers={"x-request-id": head.id})
 
 
 def _deltas(gen: Generation, text: str) -> list[Delta]:
