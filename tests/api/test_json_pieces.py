@@ -123,3 +123,52 @@ def test_a_whole_response_is_built_and_written_off_the_event_loop(fake_server, m
     assert threads["render"] and all(name.startswith("specexec-render") for name in threads["render"])
     assert threads["params"] and all(name.startswith("specexec-prepare") for name in threads["params"])
     assert max(writes) <= PIECE_ITEMS and len(writes) > 8 * 300 // PIECE_ITEMS
+
+
+def test_prompts_encode_as_the_tokenizer_does_and_one_over_the_context_never_becomes_a_list(monkeypatch) -> None:
+    """The fast tokenizer's Rust side is called directly (it lets go of the lock while it encodes): the
+    same ids as `tokenizer.encode`; a prompt longer than the context is refused from its length alone."""
+    from transformers import PreTrainedTokenizerFast
+
+    from server.prompt import PromptBuilder
+    from tests.api.test_fim import codellama_tokenizer, qwen_tokenizer
+    from tests.helpers.fake_engine import tiny_tokenizer
+
+    rng = random.Random(1)
+    pieces = ["a", " ", "hello", "日本", "\n", "<|im_start|>", "<s>", "🙂", "  x", "<|fim_prefix|>"]
+    for tokenizer in (tiny_tokenizer(), qwen_tokenizer(), codellama_tokenizer()):
+        prompt = PromptBuilder(tokenizer, max_context=10**6, default_max_tokens=8, validate=lambda *_: None)
+        for _ in range(100):
+            text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+            for special in (True, False):
+                assert prompt.encode(text, special, "prompt") == list(tokenizer.encode(text, add_special_tokens=special))
+    made_lists: list[int] = []
+    real = PreTrainedTokenizerFast.backend_tokenizer
+
+    class Encoding:
+        def __init__(self, encoding: Any):
+            self._encoding = encoding
+
+        def __len__(self) -> int:
+            return len(self._encoding)
+
+        @property
+        def ids(self) -> list[int]:
+            made_lists.append(len(self._encoding))
+            return self._encoding.ids
+
+    class Backend:
+        def __init__(self, backend: Any):
+            self._backend, self.truncation, self.padding = backend, backend.truncation, backend.padding
+
+        def encode_batch(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
+            return [Encoding(e) for e in self._backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    tokenizer = tiny_tokenizer()
+    prompt = PromptBuilder(tokenizer, max_context=64, default_max_tokens=8, validate=lambda *_: None)
+    monkeypatch.setattr(PreTrainedTokenizerFast, "backend_tokenizer", property(lambda self: Backend(real.fget(self))))
+    hello = len(tokenizer.encode("hello", add_special_tokens=False))
+    assert prompt.encode("hello", False, "prompt") and made_lists == [hello]
+    with pytest.raises(APIError) as info:
+        prompt.encode("hello world " * 20, True, "prompt")
+    assert info.value.code == "context_length_exceeded" and info.value.param == "prompt" and made_lists == [hello]

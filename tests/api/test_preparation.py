@@ -119,15 +119,15 @@ def test_a_small_request_does_not_wait_behind_six_large_ones(fake_server, monkey
     five are still blocked; then they finish."""
     engine = FakeEngine(max_context=10**7)
     srv = fake_server(engine, max_queue=16)
-    real_encode = engine.tokenizer.encode
+    real_encode = srv.state.prompt.encode  # the prompt's tokenizing (server/prompt.py)
     release = threading.Event()
 
-    def encode(text: str, **kwargs: object) -> list[int]:  # large prompts tokenize until released
+    def encode(text: str, *args: object) -> list[int]:  # large prompts tokenize until released
         if len(text) > SMALL_BODY_BYTES:
             assert release.wait(120)
-        return real_encode(text[:100], **kwargs)
+        return real_encode(text[:100], *args)
 
-    monkeypatch.setattr(engine.tokenizer, "encode", encode)
+    monkeypatch.setattr(srv.state.prompt, "encode", encode)
     big = {**PROMPT, "prompt": "word " * (SMALL_BODY_BYTES // 4), "max_tokens": 3}
     answers: list[int] = []
     workers = [threading.Thread(target=lambda: answers.append(
