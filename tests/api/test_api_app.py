@@ -245,3 +245,15 @@ def test_timings_after_a_stop_string_count_only_the_returned_tokens(fake_server,
     assert timings["target_passes"] == passes and timings["draft_tokens_accepted"] == accepted
     assert timings["mean_accepted_per_pass"] == round(returned / passes, 4)
     assert timings["mean_draft_accepted_per_pass"] == round(accepted / passes, 4)
+
+
+def test_objects_alive_after_loading_are_frozen_out_of_the_collectors_view(fake_server, monkeypatch) -> None:
+    """A full garbage collection walks every object it tracks while holding the interpreter lock: the
+    loaded engine's are frozen (gc.freeze) once it is attached."""
+    import gc
+
+    frozen: list[bool] = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    srv = fake_server(loader=lambda config: FakeEngine())
+    wait_until(lambda: srv.state.ready, "the engine attached")
+    wait_until(lambda: frozen == [True], "gc.freeze after loading")
