@@ -6,7 +6,8 @@ Bytes are counted as JSON text, an upper bound that needs no serializing: a stor
 its request body (its input and the settings the response echoes), its output, and the conversation
 it continues (which it keeps alive). Stored input items keep only the fields the API returns
 (STORED_FIELDS); items are found by id through an index (`item_reference`), never by a scan. A
-request holds at most MAX_ITEMS input items, and a stored conversation at most MAX_ITEMS items.
+request holds at most MAX_ITEMS input items, and with `previous_response_id` its history and input
+together at most MAX_ITEMS.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ log = logging.getLogger("specexec.server")
 
 MAX_STORED = 256
 MAX_STORED_BYTES = 64 * 2**20
-MAX_ITEMS = 8192  # input items per request, and items per stored conversation
+MAX_ITEMS = 8192  # input items per request, and history + input items with previous_response_id
 
 Item = dict[str, Any]
 
