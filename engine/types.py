@@ -31,6 +31,7 @@ MAX_LOGIT_BIAS = 100.0  # |logit_bias| values (OpenAI's bound)
 SpeculationMethod = Literal["specexec", "specinfer", "rrs", "autoregressive"]
 StructuredOutputKind = Literal["json_object", "json_schema", "regex", "structural_tag"]
 STRUCTURED_OUTPUT_KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex", "structural_tag")
+JSON_WHITESPACE: tuple[str, ...] = ("compact", "free")
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,23 @@ class StructuredOutput:
 
     The tokenizer's special tokens never appear in the output, except those named in
     `special_tokens` (by their text, e.g. a tool-call marker "[TOOL_CALLS]"): the grammar reads
-    these as their text."""
+    these as their text.
+
+    `json_whitespace` (JSON: json_object, json_schema, and the JSON schemas of a structural tag):
+    "compact", the separators ", " and ": " and no other whitespace between elements (as json.dumps
+    and the chat templates print JSON: a model cannot spend its tokens on whitespace); "free", any
+    whitespace between elements, at most 16 characters per gap."""
 
     kind: StructuredOutputKind
     spec: str = ""  # "" for json_object
     special_tokens: tuple[str, ...] = ()
+    json_whitespace: str = "compact"
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_OUTPUT_KINDS:
             raise StructuredOutputError(f"kind must be one of {STRUCTURED_OUTPUT_KINDS}, got {self.kind!r}")
+        if self.json_whitespace not in JSON_WHITESPACE:
+            raise StructuredOutputError(f"json_whitespace must be one of {JSON_WHITESPACE}, got {self.json_whitespace!r}")
 
 
 @dataclass(frozen=True)

@@ -186,4 +186,4 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
     gens, env = await start_generations(state, req, chat, endpoint, lane)
     if req.stream:
         return stream_response(gens, env, state.require_ready()[0], req.include_usage, config.ping_seconds)
-    return await collect_response(request, gens, env)
+    return await collect_response(request, gens, env, state.preparation.render)

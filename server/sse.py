@@ -51,7 +51,7 @@ async def choice_chunks(gen: Generation, env: Envelope, index: int) -> AsyncIter
             continue
         for delta in gen.tools.feed(piece):  # content and tool-call deltas (server/toolcalls/output.py)
             yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls)
-    for delta in gen.tools.finish() if gen.tools is not None else []:
+    for delta in gen.tools.finish(gen.finish_reason) if gen.tools is not None else []:
         yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls)
     assert gen.finish_reason is not None
     reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)

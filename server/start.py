@@ -32,9 +32,14 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
     plan = prompt.tool_plan(req)  # None: no tool calls to read (server/toolcalls/plan.py)
     prompt_ids = await lane.run(prompt.prompt_ids, req, plan)
     max_tokens = prompt.max_tokens(req, len(prompt_ids))
-    params = req.with_defaults(state.sampling_defaults).to_sampling_params(max_tokens, prompt.vocab_size)
+    # a logit_bias of 262k entries takes a while to check: in the lane too
+    params = await lane.run(req.with_defaults(state.sampling_defaults).to_sampling_params, max_tokens,
+                            prompt.vocab_size)
     if plan is not None:  # the calls' grammar (with "auto", it holds the reply's response_format too)
         params = dataclasses.replace(params, structured_output=plan.grammar)
+    if params.structured_output is not None:  # --json-whitespace
+        params = dataclasses.replace(params, structured_output=dataclasses.replace(
+            params.structured_output, json_whitespace=state.server_config.json_whitespace))
     await check_structured_output(state, req, plan, params.structured_output)
     if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
         params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)

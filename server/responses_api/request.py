@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
 from server.protocol import ChatCompletionRequest, check_supported, error_param
+from server.responses_api.store import MAX_ITEMS
 
 log = logging.getLogger("specexec.server")
 
@@ -120,6 +121,9 @@ def parse_responses(raw: bytes) -> ResponsesRequest:
         raise invalid_request(f"Invalid value for '{param}': {first['msg']}.", param, "invalid_value") from None
     if request.background:
         raise unsupported("background", "Background responses are not supported by this server.")
+    if isinstance(request.input, list) and len(request.input) > MAX_ITEMS:
+        raise invalid_request(f"A request may hold at most {MAX_ITEMS} input items, got {len(request.input)}.",
+                              "input", "invalid_value")
     return request
 
 
