@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import EngineConfig, engine_config_from, read_config_file
+from engine.model.named_models import draft_by_default, resolve_pair
 from engine.types import ConfigError
 
 DEFAULT_MODELS = Path(__file__).resolve().parents[1] / "models" / "default"
@@ -16,16 +17,21 @@ DEFAULT_MODEL_NAME = "specexec-default"
 
 # flag -> (section, field, type, help); the help's default is read from the config dataclass
 ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
-    "--target": ("model", "target", str, "target model: a local Hugging Face checkpoint folder (default: the built-in pair)"),
-    "--draft": ("model", "draft", str, "draft model folder; must share the target's token ids (default: the built-in pair)"),
+    "--target": ("model", "target", str, "target model: a local Hugging Face checkpoint folder or a Hub id (org/name: "
+                 "from the hub cache, else downloaded) (default: the built-in pair)"),
+    "--draft": ("model", "draft", str, "draft model: a folder, a Hub id, or auto (a cached or known model with the "
+                "target's token ids that fits beside it; the default for a target given by id); must share the "
+                "target's token ids (default: the built-in pair)"),
+    "--revision": ("model", "revision", str, "the target's Hub revision: a branch, tag or commit (default: main)"),
+    "--draft-revision": ("model", "draft_revision", str, "the draft's Hub revision (default: main)"),
     "--dtype": ("model", "dtype", str, "auto (fp32 on CPU; on CUDA bf16 for a bf16 checkpoint on sm80+, else fp16), "
                 "float32, float16 or bfloat16"),
     "--device": ("model", "device", str, "auto (cuda if available), cpu or cuda[:N]"),
     "--threads": ("model", "threads", int, "CPU threads for torch's kernels; 0: auto (the usable cores less one, "
                   "at least 1, at most 16; on CUDA: 1)"),
-    "--gptq-kernel": ("model", "gptq_kernel", str, "GPTQ checkpoints: int4 (torch's int4 matmul), dequantize "
-                      "(gptqmodel's torch kernel, the whole matrix per call) or auto (int4 on CPU unless the "
-                      "target streams from disk; dequantize on CUDA)"),
+    "--gptq-kernel": ("model", "gptq_kernel", str, "GPTQ checkpoints: int4 (repacked at load; torch's int4 matmul, "
+                      "on CUDA a bf16 matrix once per call of many rows), dequantize (gptqmodel's torch kernel, "
+                      "the whole matrix per call) or auto (int4 where it applies, unless the target streams from disk)"),
     "--method": ("speculation", "method", str, "specexec, specinfer, rrs or autoregressive (no draft)"),
     "--budget": ("speculation", "budget", str, "draft tokens per tree, or auto (measured at startup and from traffic)"),
     "--max-expand": ("speculation", "max_expand", int, "K: leaves expanded per draft forward"),
@@ -39,7 +45,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
     "--specinfer-temperature": ("speculation", "specinfer_temperature", float,
                                 "method specexec: unseeded requests at this temperature or above grow SpecInfer trees"),
     "--overlap": ("speculation", "overlap", "on_off", "on: the draft grows trees while the target scores them "
-                  "(and seeds the next tree); off: draft, then target"),
+                  "(and seeds the next tree); off: draft, then target; auto (default): on for CUDA, off on a CPU"),
     "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),
     "--resident-layers": ("offload", "resident_layers", int,
                           "target layers kept on the device (default: as many as --gpu-memory allows)"),
@@ -56,13 +62,13 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                         "(keeps a pass within twice its cost)"),
 }
 CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "rrs", "autoregressive"),
-           "--offload-source": ("ram", "disk"), "--overlap": ("on", "off"),
+           "--offload-source": ("ram", "disk"), "--overlap": ("auto", "on", "off"),
            "--gptq-kernel": ("auto", "int4", "dequantize")}
 
 
 def on_off(text: str) -> bool | str:
-    """'on' / 'off' -> True / False; anything else is kept for the config to refuse, naming the field."""
-    return {"on": True, "off": False}.get(text.lower(), text)
+    """'on' / 'off' -> True / False, 'auto' kept; anything else is kept for the config to refuse, naming the field."""
+    return {"on": True, "off": False, "auto": "auto"}.get(text.lower(), text)
 
 
 class CliError(Exception):
@@ -154,10 +160,21 @@ def engine_config_from_args(args: argparse.Namespace, require_folders: bool = Tr
         )
         if not model.get("name"):
             overrides["model"]["name"] = DEFAULT_MODEL_NAME
+    else:
+        method = {**sections.get("speculation", {}), **overrides.get("speculation", {})}.get("method", "specexec")
+        draft = draft_by_default(model["target"], model.get("draft", ""), method)
+        if draft != model.get("draft", ""):
+            overrides.setdefault("model", {})["draft"] = draft
     config = engine_config_from(sections, overrides, args.config)
     if require_folders:
-        check_paths(config)
+        config = resolve_models(config)
     return config, sections.get("server", {})
+
+
+def resolve_models(config: EngineConfig) -> EngineConfig:
+    """The config with its models as local folders: hub ids from the cache or downloaded (progress on
+    stderr), a draft "auto" chosen (engine.model.named_models); CheckpointError: one line, what to do."""
+    return resolve_pair(config)
 
 
 def check_paths(config: EngineConfig) -> None:

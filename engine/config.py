@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from engine.types import ConfigError
+from engine.types import ConfigError, SpeculationMethod
 
-Method = Literal["specexec", "specinfer", "rrs", "autoregressive"]
+Method = SpeculationMethod
 EXTENSION_FACTOR = 2  # overlap: a tree grows on during its pass to this many times its budget
 OffloadSource = Literal["ram", "disk"]
 
@@ -28,15 +28,17 @@ def require(cond: bool, field_name: str, message: str) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    target: str = ""
-    draft: str = ""
+    target: str = ""  # a local checkpoint folder or a Hugging Face Hub id (engine.model.hub)
+    draft: str = ""  # the same, or "auto": chosen from the hub cache and known shapes (engine.model.draft_auto)
+    revision: str = ""  # the target's hub revision (branch, tag or commit); "": main
+    draft_revision: str = ""  # the draft's
     dtype: str = "auto"  # auto: float32 on CPU; CUDA: a bf16 checkpoint's bfloat16 on sm80+, else float16
     device: str = "auto"  # auto: cuda if available else cpu
     name: str = ""  # model id served over HTTP; default: target folder name
     threads: int = 0  # CPU threads for torch's kernels; 0: auto (engine.cli.auto_threads)
-    # GPTQ checkpoints: int4 (torch's int4 matmul on bf16 activations, no dense weight per call),
-    # dequantize (gptqmodel's torch kernel: the whole matrix per call), auto (int4 on CPU where it
-    # applies, except a target streamed from disk; dequantize on CUDA until checked on a GPU)
+    # GPTQ checkpoints: int4 (repacked at load; torch's int4 matmul on bf16 activations, on CUDA a
+    # bf16 matrix once per call of many rows: engine.model.gptq_int4), dequantize (gptqmodel's torch
+    # kernel: the whole matrix per call), auto (int4 where it applies, except a target streamed from disk)
     gptq_kernel: str = "auto"
 
     def __post_init__(self) -> None:
@@ -76,12 +78,21 @@ class SpeculationConfig:
     # tokens per pass (docs/bench/acceptance.md). Seeded requests keep SpecExec trees, whose text is a
     # function of (seed, position) alone. Above 2, the API's largest temperature: SpecExec trees always.
     specinfer_temperature: float = 0.85
-    # the draft grows the trees on while the target scores them (in another thread; on CUDA its own
-    # stream), and what it grew under the step's outcome seeds the next tree; off: draft, then target
-    overlap: bool = True
+    # the draft grows the trees on while the target scores them (in another thread; on CUDA the pass
+    # and the draft on streams of their own), and what it grew under the step's outcome seeds the next
+    # tree; off: draft, then target. auto: on for CUDA, off on a CPU, where the pass is compute-bound
+    # and overlap measured 0.86-0.98x (docs/bench/overlap.md)
+    overlap: bool | Literal["auto"] = "auto"
+
+    def resolved(self, device_type: str) -> SpeculationConfig:
+        """This config with overlap 'auto' decided for a device of `device_type`."""
+        if self.overlap != "auto":
+            return self
+        return dataclasses.replace(self, overlap=device_type == "cuda")
 
     def extension_budget(self, budget: int) -> int:
         """Nodes a tree may grow to during its pass (overlap): EXTENSION_FACTOR x the step's budget; 0 off."""
+        assert self.overlap != "auto", "resolve overlap for the device first (SpeculationConfig.resolved)"
         return EXTENSION_FACTOR * budget if self.overlap else 0
 
     def tree_method(self, greedy: bool, temperature: float, seeded: bool) -> Method:
@@ -116,6 +127,8 @@ class SpeculationConfig:
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, f"speculation.{name}", f"must be >= 1, got {value!r}")
         require(0.0 < self.decay <= 1.0, "speculation.decay", f"must be in (0, 1], got {self.decay!r}")
+        require(self.overlap in (True, False, "auto"), "speculation.overlap",
+                f"must be on, off or auto, got {self.overlap!r}")
         require(
             isinstance(self.greedy_tree_temperature, int | float) and 0.0 < self.greedy_tree_temperature <= 2.0,
             "speculation.greedy_tree_temperature",
@@ -258,7 +271,8 @@ PATH_FIELDS = {"model": ("target", "draft"), "server": ("chat_template",)}
 def resolve_relative_paths(data: dict[str, dict], config_dir: Path) -> None:
     """A relative path in a config file means next to the file if it exists there, else the current dir.
 
-    Hub-id-shaped values (`org/name`) are relative paths too: they are never downloaded."""
+    A hub-id-shaped value (`org/name`) stays as it is unless a folder of that name is next to the file:
+    a folder of that name in the current dir, else the hub id (engine.model.hub)."""
     for section, names in PATH_FIELDS.items():
         values = data.get(section, {})
         for name in names:

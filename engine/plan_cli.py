@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         print_table(args.table, total)
         return 0
     config, _ = engine_config_from_args(args, require_folders=False)
-    config = with_known_draft(config)
+    config = with_draft(config, total)
     result = plan_pair(config, total)
     print_plan(result, total)
     if result.fits:
@@ -72,6 +72,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {flags}: resident layers {alternative.resident_layers}, KV slots {slots(alternative)}, "
               f"{alternative.plan.total / GB:.2f} GB")
     return 1
+
+
+def with_draft(config: EngineConfig, total_bytes: int) -> EngineConfig:
+    """The draft a plan uses: one named; `auto` chosen as the server would (when the target's tokenizer is at
+    hand without a download, or no known draft is listed for it); else models.toml's draft for the target."""
+    if config.model.draft == "auto" and config.speculation.method != "autoregressive":
+        from engine.model import hub
+
+        target = config.model.target
+        known = config_shapes.read_model_config(target)[0].get("draft") if not hub.is_local(target) else None
+        if hub.is_local(target) or hub.cached_snapshot(target, config.model.revision) is not None or not known:
+            return with_auto_draft(config, total_bytes)
+        config = config.replace("model", draft="")
+    return with_known_draft(config)
 
 
 def with_known_draft(config: EngineConfig, say: bool = True) -> EngineConfig:
@@ -97,6 +111,25 @@ def table_config(entry: str) -> tuple[EngineConfig, str]:
         return engine_config_from(read_config_file(entry), {}, entry), Path(entry).name
     config = engine_config_from({}, {"model": {"target": entry}, "offload": {"enabled": True}})
     return with_known_draft(config, say=False), f"`{entry}`"
+
+
+def with_auto_draft(config, total_bytes: int):
+    """`--draft auto` for a plan: chosen as the server would choose it on this GPU, without weights
+    (the target's tokenizer from its folder or the hub cache, else its tokenizer files downloaded)."""
+    import sys
+
+    from engine.model import draft_auto, hub
+    from engine.types import CheckpointError
+
+    target = config.model.target
+    tokens = target if hub.is_local(target) else hub.tokenizer_folder(target)
+    if tokens is None:
+        raise CheckpointError(f"--draft auto: {target}'s tokenizer is not in the cache and cannot be downloaded now; "
+                              "name a draft with --draft")
+    draft, why = draft_auto.choose_draft(config, target, total_bytes, f"a {total_bytes / GB:g} GB GPU",
+                                         tokens_folder=str(tokens), fetch=False)
+    print(f"specexec: {why}", file=sys.stderr)
+    return config.replace("model", draft=draft)
 
 
 def table_row(name: str, flags: str, result: PairPlan) -> str:

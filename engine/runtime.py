@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from engine.config import EngineConfig, SpeculationConfig
+from engine.config import EngineConfig, Method, SpeculationConfig
 from engine.model import checkpoint, faults, memory, memory_plan
 from engine.model.kv_pool import Acquired, KVPool, KVSlot
 from engine.model.pair import LoadedPair, load_pair
-from engine.offload.device import SideStream
+from engine.offload.device import PassStreams
 from engine.scheduler import Running, Scheduler
 from engine.speculation.batch import run_batch
 from engine.speculation.budget import BudgetTracker, calibration_budgets
@@ -57,6 +57,7 @@ CALIBRATION_TEXT = "def main(argv):\n    for index, value in enumerate(argv):\n 
 class Engine:
     def __init__(self, pair: LoadedPair, config: EngineConfig):
         self.pair = pair
+        config = dataclasses.replace(config, speculation=config.speculation.resolved(pair.target.device.type))
         self.config = config
         self.tokenizer = pair.tokenizer
         self.eos_token_ids = pair.eos_token_ids
@@ -69,7 +70,7 @@ class Engine:
         self.grammars = GrammarCache(self.tokenizer, pair.target.vocab_size, sorted(self.eos_token_ids))
         self.max_running = config.limits.max_running
         overlap = spec.overlap and pair.draft is not None and spec.method != "autoregressive"
-        self.side_stream = SideStream(self.device) if overlap else None  # the draft beside the target pass
+        self.pass_streams = PassStreams(self.device) if overlap else None  # the draft beside the target pass
         self.pool: KVPool | None = None  # allocated by reserve_memory (or the first request)
         self.shape_book = ShapeBook(self.device, config.speculation.decay)  # RRS trees' evidence across requests
         self.scheduler: Scheduler | None = None
@@ -207,6 +208,16 @@ class Engine:
     def validate_structured_output(self, spec: StructuredOutput) -> None:
         self.grammars.compile(spec)
 
+    def validate_method(self, method: Method | None) -> None:
+        """A request's own speculation method: autoregressive always runs; the others need the draft."""
+        if method not in (None, "autoregressive") and self.pair.draft is None:
+            raise ValueError(f"method {method} needs a draft model; this engine runs without one")
+
+    def request_speculation(self, request: Request) -> SpeculationConfig:
+        """The speculation settings a request runs under: the engine's, with the request's own method."""
+        spec = self.config.speculation
+        return spec if request.method in (None, spec.method) else dataclasses.replace(spec, method=request.method)
+
     def stop_ids(self, params: SamplingParams) -> frozenset[int]:
         """Token ids that end the request: its stop ids, and EOS unless ignored."""
         eos = frozenset() if params.ignore_eos else self.eos_token_ids
@@ -226,6 +237,7 @@ class Engine:
         state; its prompt is prefilled by the next step's target pass. Raises ValueError /
         ContextLengthError for a request that cannot run; needs can_add."""
         self.validate_request(len(request.prompt_ids), request.params.max_tokens)
+        self.validate_method(request.method)
         if self.scheduler is None:
             self._use_pool(self._new_pool(self.max_running, self.config.limits.prefix_cache_slots > 0))
         assert self.scheduler is not None and self.pool is not None
@@ -255,12 +267,13 @@ class Engine:
             prompt_mask=prompt_mask,
             grammar=None if structured is None else self.grammars.new_state(structured, self.device),
         )
-        speculative_draft = self.pair.draft is not None and self.config.speculation.method != "autoregressive"
+        spec = self.request_speculation(request)
+        speculative_draft = self.pair.draft is not None and spec.method != "autoregressive"
         totals = GenerationStats(prompt_tokens=len(prompt), cached_tokens=acquired.cached_tokens)
         return Running(
             request=request,
             seq=seq,
-            ctx=self._step_context(params, acquired),
+            ctx=self._step_context(params, acquired, spec),
             acquired=acquired,
             stop_ids=self.stop_ids(params),
             totals=totals,
@@ -269,13 +282,12 @@ class Engine:
             admitted_at=time.perf_counter(),
         )
 
-    def _step_context(self, params: SamplingParams, acquired: Acquired) -> StepContext:
+    def _step_context(self, params: SamplingParams, acquired: Acquired, spec: SpeculationConfig) -> StepContext:
         draft_runner = self.pair.draft or self.pair.target
         draft_cache = acquired.slot.draft if acquired.slot.draft is not None else draft_runner.new_cache(1)
         vocab = self.pair.target.vocab_size
         stop_mask = torch.zeros(max(vocab, draft_runner.vocab_size), dtype=torch.bool, device=self.device)
         stop_mask[[i for i in self.stop_ids(params) if i < stop_mask.shape[0]]] = True
-        spec = self.config.speculation
         method = spec.tree_method(params.greedy, params.temperature, params.seed is not None)
         return StepContext(
             target_cache=acquired.slot.target,
@@ -311,7 +323,7 @@ class Engine:
         scheduled = scheduler.schedule(total)
         batch = [running for running, _ in scheduled]
         try:
-            outcome = run_batch(self.pair.target, [item for _, item in scheduled], self.side_stream)
+            outcome = run_batch(self.pair.target, [item for _, item in scheduled], self.pass_streams)
         except Exception as exc:
             error = self._step_error(batch, exc)  # EngineFault raises from here
             del scheduled  # with the exception's frames cleared, the step's tensors are free

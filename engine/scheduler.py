@@ -104,8 +104,9 @@ class Scheduler:
             if room is not None:
                 room = max(0, room - len(item.prefill_ids))
             items.append((running, item))
-        trees = [running for running, item in items if item.decode]
-        budgets = split_budget([r.curve for r in trees], total_budget)
+        # autoregressive requests (their own method) grow no tree: the others share the nodes
+        trees = [running for running, item in items if item.decode and running.ctx.spec.method != "autoregressive"]
+        budgets = split_budget([r.curve for r in trees], total_budget) if trees else []
         for running, budget in zip(trees, budgets, strict=True):
             running.ctx.budget = budget
         return items
@@ -130,6 +131,7 @@ class Scheduler:
             target_seconds=outcome.target_seconds,
             step_seconds=time.perf_counter() - step_begin,
             overlap_seconds=outcome.overlap_seconds,
+            extension_forwards=outcome.extension_forwards,
         )
         return output
 

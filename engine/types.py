@@ -27,8 +27,11 @@ MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's bound)
 REPETITION_PENALTY_RANGE = (0.01, 100.0)  # 1 is off (HF/vLLM meaning; both only require > 0)
 MAX_LOGIT_BIAS = 100.0  # |logit_bias| values (OpenAI's bound)
 
+# how a request's tokens are found (engine.config.SpeculationConfig.method; Request.method per request)
+SpeculationMethod = Literal["specexec", "specinfer", "rrs", "autoregressive"]
 StructuredOutputKind = Literal["json_object", "json_schema", "regex", "structural_tag"]
 STRUCTURED_OUTPUT_KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex", "structural_tag")
+JSON_WHITESPACE: tuple[str, ...] = ("compact", "free")
 
 
 @dataclass(frozen=True)
@@ -41,15 +44,23 @@ class StructuredOutput:
 
     The tokenizer's special tokens never appear in the output, except those named in
     `special_tokens` (by their text, e.g. a tool-call marker "[TOOL_CALLS]"): the grammar reads
-    these as their text."""
+    these as their text.
+
+    `json_whitespace` (JSON: json_object, json_schema, and the JSON schemas of a structural tag):
+    "compact", the separators ", " and ": " and no other whitespace between elements (as json.dumps
+    and the chat templates print JSON: a model cannot spend its tokens on whitespace); "free", any
+    whitespace between elements, at most 16 characters per gap."""
 
     kind: StructuredOutputKind
     spec: str = ""  # "" for json_object
     special_tokens: tuple[str, ...] = ()
+    json_whitespace: str = "compact"
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_OUTPUT_KINDS:
             raise StructuredOutputError(f"kind must be one of {STRUCTURED_OUTPUT_KINDS}, got {self.kind!r}")
+        if self.json_whitespace not in JSON_WHITESPACE:
+            raise StructuredOutputError(f"json_whitespace must be one of {JSON_WHITESPACE}, got {self.json_whitespace!r}")
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,9 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    # the speculation method this request runs under (None: the engine's); "autoregressive" runs it
+    # without a draft, one token per target pass; the others need the engine's draft
+    method: SpeculationMethod | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,7 @@ class StepStats:
     pass_tokens: int = 0  # tokens the pass scored: every request's tree and prompt tokens prefilled in it
     expected_accepted: float | None = None  # E[num_accepted | this tree] (sample-and-match); None: not known
     overlap_seconds: float = 0.0  # draft work beside the target pass (overlap), within target_seconds
+    extension_forwards: int = 0  # draft passes beside the target pass (overlap), all requests' together
 
 
 @dataclass(frozen=True)
@@ -144,6 +159,7 @@ class PassStats:
     target_seconds: float
     step_seconds: float
     overlap_seconds: float = 0.0  # draft work beside the target pass, within target_seconds
+    extension_forwards: int = 0  # draft passes beside the target pass
 
 
 @dataclass

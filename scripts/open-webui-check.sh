@@ -7,6 +7,7 @@
 #   apt-get install chromium          # or set CHROMIUM=/path/to/chrome; no `playwright install` needed
 # Run:
 #   OWUI_VENV=~/owui bash scripts/open-webui-check.sh [extra `specexec serve` flags]
+#   OWUI_CONNECTION=ollama OWUI_VENV=~/owui bash scripts/open-webui-check.sh   # Open WebUI's Ollama connection (/api/*)
 #
 # Starts `specexec serve` (built-in pair unless flags say otherwise), a logging pass-through
 # (scripts/open_webui_proxy.py: one JSON line per completion request Open WebUI sends), and
@@ -24,7 +25,14 @@ CHECK_OUT=${CHECK_OUT:-/tmp/open-webui-check}
 SPECEXEC_PORT=${SPECEXEC_PORT:-8000}
 PROXY_PORT=${PROXY_PORT:-8001}
 OWUI_PORT=${OWUI_PORT:-8080}
-MODEL=${MODEL:-specexec-default}
+OWUI_CONNECTION=${OWUI_CONNECTION:-openai}  # openai: /v1 (OpenAI API connection); ollama: /api/* (Ollama API connection)
+if [ "$OWUI_CONNECTION" = ollama ]; then
+  MODEL=${MODEL:-specexec-default:latest}  # Ollama names carry a tag
+  CONNECTION_ENV=(ENABLE_OLLAMA_API=True ENABLE_OPENAI_API=False)
+else
+  MODEL=${MODEL:-specexec-default}
+  CONNECTION_ENV=(ENABLE_OLLAMA_API=False)
+fi
 MESSAGE=${MESSAGE:-Write a Python function that reads a file.}
 REPLY_TIMEOUT=${REPLY_TIMEOUT:-300}  # seconds for the streamed reply
 TASKS_TIMEOUT=${TASKS_TIMEOUT:-300}  # seconds for the background requests after it
@@ -62,8 +70,8 @@ wait_http "http://127.0.0.1:$SPECEXEC_PORT/health" 300
 # Offline: no Ollama, no model downloads (embeddings, whisper), no update checks. Run from
 # $DATA_DIR: Open WebUI writes .webui_secret_key into its working folder.
 OWUI_BIN="$(cd "$OWUI_VENV" && pwd)/bin/open-webui"
-(cd "$DATA_DIR" && exec env DATA_DIR="$DATA_DIR" WEBUI_AUTH=False OFFLINE_MODE=True HF_HUB_OFFLINE=1 ENABLE_OLLAMA_API=False \
-    OPENAI_API_BASE_URL="http://127.0.0.1:$PROXY_PORT/v1" OPENAI_API_KEY=none \
+(cd "$DATA_DIR" && exec env DATA_DIR="$DATA_DIR" WEBUI_AUTH=False OFFLINE_MODE=True HF_HUB_OFFLINE=1 "${CONNECTION_ENV[@]}" \
+    OPENAI_API_BASE_URL="http://127.0.0.1:$PROXY_PORT/v1" OPENAI_API_KEY=none OLLAMA_BASE_URL="http://127.0.0.1:$PROXY_PORT" \
     ENABLE_VERSION_UPDATE_CHECK=False ANONYMIZED_TELEMETRY=False DO_NOT_TRACK=True SCARF_NO_ANALYTICS=True \
     "$OWUI_BIN" serve --host 127.0.0.1 --port "$OWUI_PORT") > "$CHECK_OUT/open-webui.log" 2>&1 &
 PIDS+=($!)
@@ -71,7 +79,7 @@ wait_http "http://127.0.0.1:$OWUI_PORT/health" 600
 
 status=0
 "$OWUI_VENV/bin/python" scripts/open_webui_driver.py --url "http://127.0.0.1:$OWUI_PORT" --model "$MODEL" \
-  --message "$MESSAGE" --screenshot "$CHECK_OUT/open-webui.png" --chromium "$CHROMIUM" \
+  --message "$MESSAGE" --screenshot "$CHECK_OUT/open-webui-$OWUI_CONNECTION.png" --chromium "$CHROMIUM" \
   --timeout "$REPLY_TIMEOUT" --tasks-timeout "$TASKS_TIMEOUT" || status=$?
 sleep 2  # the last request's log line
 curl -s "http://127.0.0.1:$SPECEXEC_PORT/metrics" > "$CHECK_OUT/metrics.txt" || true
@@ -85,5 +93,5 @@ for line in open(sys.argv[1]) if __import__("os").path.exists(sys.argv[1]) else 
           f"total={r.get('total_s')} s prompt={usage.get('prompt_tokens')} completion={usage.get('completion_tokens')} "
           f"passes={timings.get('target_passes')} finish={r.get('finish_reason')} {r.get('error', '')}")
 EOF
-echo "screenshot: $CHECK_OUT/open-webui.png"
+echo "screenshot: $CHECK_OUT/open-webui-$OWUI_CONNECTION.png"
 exit "$status"

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/open_webui_proxy.py --listen 8001 --upstream http://127.0.0.1:8000 --log requests.jsonl
 
 Forwards every request unchanged (streams stay streams) and appends one JSON line per
-/v1/*completions request: what Open WebUI asked for (task kind guessed from the prompt, tools,
+/v1/*completions request (and per Ollama /api/chat or /api/generate request): what Open WebUI asked for (task kind guessed from the prompt, tools,
 stream, max_tokens), the status, seconds to the first byte and in total, and the server's usage
 and timings. Used by scripts/open-webui-check.sh to see which extra requests a chat message costs.
 """
@@ -52,11 +52,14 @@ def summary(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def usage_from(raw: bytes) -> dict[str, Any]:
-    """usage / timings / finish_reason from a JSON body or the SSE events of a stream."""
+    """usage / timings / finish_reason from a JSON body, the SSE events of a stream or the lines of an
+    Ollama NDJSON stream (its last object: prompt_eval_count, eval_count, done_reason)."""
     found: dict[str, Any] = {}
     texts = [raw.decode("utf-8", "replace")]
     if raw.lstrip().startswith(b"data:") or b"\ndata:" in raw:
         texts = [line[5:].strip() for line in texts[0].splitlines() if line.startswith("data:")]
+    elif raw.count(b"\n") > 1:
+        texts = texts[0].splitlines()
     for text in texts:
         try:
             event = json.loads(text)
@@ -68,6 +71,9 @@ def usage_from(raw: bytes) -> dict[str, Any]:
         for choice in event.get("choices") or []:
             if choice.get("finish_reason"):
                 found["finish_reason"] = choice["finish_reason"]
+        if event.get("done") is True and "eval_count" in event:  # Ollama's final object
+            found["usage"] = {"prompt_tokens": event.get("prompt_eval_count"), "completion_tokens": event["eval_count"]}
+            found["finish_reason"] = event.get("done_reason")
     return found
 
 
@@ -82,7 +88,7 @@ def build(upstream: str, log_path: Path) -> Starlette:
                                                 headers=headers, content=body)
         response = await client.send(upstream_request, stream=True)
         record: dict[str, Any] | None = None
-        if request.method == "POST" and request.url.path.endswith("completions"):
+        if request.method == "POST" and request.url.path.endswith(("completions", "/api/chat", "/api/generate")):
             try:
                 record = summary(json.loads(body))
             except ValueError:

@@ -7,8 +7,9 @@ must be JSON and Host names loopback unless configured otherwise (server/securit
 capped (server/limits.py), and a shutdown drains requests in flight (server/shutdown.py).
 A generation request: parse (server/protocol.py) -> prompt ids and max tokens
 (server/prompt.py) -> `to_sampling_params` -> `Generation`, streamed (server/sse.py) or
-collected (server/generation.py). /v1/responses maps its body to a chat request and takes the same
-path (server/responses_api/).
+collected (server/generation.py). /v1/responses, /v1/messages (Anthropic) and /api/* (Ollama) map their
+bodies to chat or completion requests and take the same path (server/responses_api/,
+server/anthropic_api/, server/ollama_api/).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.config import EngineConfig
 from engine.types import GenerationEngine
+from server.anthropic_api.routes import messages_router
 from server.config import ServerConfig
 from server.errors import APIError, authentication_error, install_error_handlers
 from server.generation import collect_response
 from server.infill import infill
 from server.limits import read_body
 from server.metrics import CONTENT_TYPE
+from server.ollama_api.routes import ollama_router
 from server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from server.responses_api.routes import create_response, delete_response, get_response, list_input_items
 from server.responses_api.store import ResponseStore
@@ -39,6 +42,7 @@ from server.shutdown import DrainGate
 from server.sse import stream_response
 from server.start import start_generations
 from server.state import EngineLoader, ServerState, default_loader
+from server.webui import install_webui
 
 
 def build_app(
@@ -82,11 +86,13 @@ def build_app(
         )
     if (hosts := allowed_hosts(server_config)) is not None:
         app.add_middleware(HostCheckMiddleware, allowed=hosts)
+    install_webui(app, server_config.webui)  # GET/HEAD /: the chat page, or plain text with --no-webui
     app.add_api_route("/health", health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(_v1_router())
     app.add_api_route("/infill", infill, methods=["POST"],  # llama.cpp's route (server/infill.py)
                       dependencies=[Depends(require_api_key), Depends(require_json)])
+    app.include_router(ollama_router(), dependencies=[Depends(require_api_key)])  # /api/* (server/ollama_api/)
     return app
 
 
@@ -119,6 +125,7 @@ def _v1_router() -> APIRouter:
     router.add_api_route("/responses/{response_id}", get_response, methods=["GET"])
     router.add_api_route("/responses/{response_id}", delete_response, methods=["DELETE"])
     router.add_api_route("/responses/{response_id}/input_items", list_input_items, methods=["GET"])
+    router.include_router(messages_router())  # Anthropic's Messages API, its own error shape (server/anthropic_api/)
     return router
 
 
@@ -179,4 +186,4 @@ async def _generate(request: Request, state: ServerState, chat: bool, endpoint: 
     gens, env = await start_generations(state, req, chat, endpoint, lane)
     if req.stream:
         return stream_response(gens, env, state.require_ready()[0], req.include_usage, config.ping_seconds)
-    return await collect_response(request, gens, env)
+    return await collect_response(request, gens, env, state.preparation.render)

@@ -16,6 +16,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 TOOL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "none")  # server/toolcalls/parsers.py
 API_KEY_ENV = "SPECEXEC_API_KEY"
 GENERATION_CONFIG = ("auto", "none")  # where left-out sampling fields come from (server/sampling_defaults.py)
+JSON_WHITESPACE = ("compact", "free")  # whitespace in JSON under a grammar (engine.types.StructuredOutput)
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # browser origins allowed; ("*",) allows any
     chat_template: str | None = None  # Jinja file overriding the tokenizer's chat_template
     tool_parser: str = "auto"  # tool-call format; auto: from the chat template; none: no tool calls
+    webui: bool = True  # the chat page at / (server/webui/); off: / answers plain text
     # model ids over HTTP, all accepted, the first listed first by /v1/models (and echoed when a
     # request names none); a string is one name; (): the engine's model name
     served_model_name: tuple[str, ...] | str = ()
@@ -38,9 +40,15 @@ class ServerConfig:
     read_timeout: float = 10.0  # seconds to send the request headers, and most seconds of silence in a body
     shutdown_timeout: float = 10.0  # seconds running requests get to finish after SIGTERM/SIGINT
     grammar_timeout: float = 10.0  # seconds a request's grammar may take to compile; longer: a 400
+    # open connections served at once (at most what the file limit leaves: server/connections.py); past
+    # it, 503
+    max_connections: int = 1024
     # auto: a request's left-out temperature/top_p/top_k/min_p/repetition_penalty take the values the
     # target's generation_config.json sets (as vLLM); none: the API's own defaults
     generation_config: str = "auto"
+    # JSON written under a grammar (response_format, guided_json, tool-call arguments): compact (", " and
+    # ": ", as chat templates print JSON), or free whitespace (at most 16 characters per gap)
+    json_whitespace: str = "compact"
 
     def __post_init__(self) -> None:
         if isinstance(self.cors_origins, list):
@@ -81,8 +89,11 @@ class ServerConfig:
             f"must be > 0, got {self.ping_seconds!r}",
         )
         require(self.log_level in LOG_LEVELS, "server.log_level", f"must be one of {', '.join(LOG_LEVELS)}")
+        require(isinstance(self.webui, bool), "server.webui", f"must be true or false, got {self.webui!r}")
         require(self.generation_config in GENERATION_CONFIG, "server.generation_config",
                 f"must be one of {', '.join(GENERATION_CONFIG)}, got {self.generation_config!r}")
+        require(self.json_whitespace in JSON_WHITESPACE, "server.json_whitespace",
+                f"must be one of {', '.join(JSON_WHITESPACE)}, got {self.json_whitespace!r}")
         require(self.tool_parser in TOOL_PARSERS, "server.tool_parser", f"must be one of {', '.join(TOOL_PARSERS)}")
         self._check_limits()
 
@@ -99,6 +110,12 @@ class ServerConfig:
             and self.max_body_bytes >= 1024,
             "server.max_body_bytes",
             f"must be an integer >= 1024, got {self.max_body_bytes!r}",
+        )
+        require(
+            isinstance(self.max_connections, int) and not isinstance(self.max_connections, bool)
+            and self.max_connections >= 1,
+            "server.max_connections",
+            f"must be an integer >= 1, got {self.max_connections!r}",
         )
         for name, minimum in (("read_timeout", 0.1), ("shutdown_timeout", 0.0), ("grammar_timeout", 0.1)):
             value = getattr(self, name)

@@ -9,12 +9,13 @@ state is freed before the next request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from engine.async_engine import AsyncEngine
 from engine.types import (
@@ -28,10 +29,13 @@ from engine.types import (
 )
 from server.detok import TextStream
 from server.errors import engine_down, generation_error, queue_full, shutting_down
+from server.json_pieces import dumps_in_pieces
 from server.logprobs import LogprobFormat
 from server.metrics import Metrics
+from server.preparation import Lane
 from server.responses import Envelope
 from server.toolcalls.output import ToolOutput
+from server.trace import StepTrace
 
 log = logging.getLogger("specexec.server")
 
@@ -44,9 +48,11 @@ class GenerationFailed(RuntimeError):
 
 class Generation:
     def __init__(self, async_engine: AsyncEngine, request: Request, text: TextStream, metrics: Metrics,
-                 endpoint: str, *, logprobs: LogprobFormat | None = None, tools: ToolOutput | None = None):
+                 endpoint: str, *, logprobs: LogprobFormat | None = None, tools: ToolOutput | None = None,
+                 trace: StepTrace | None = None):
         self.request = request
         self.tools = tools  # None: plain text; else reads tool calls out of the text (server/toolcalls/)
+        self.trace = trace  # None: not asked for; else the speculation trace (server/trace.py)
         self.text = text
         self.metrics = metrics
         self.endpoint = endpoint
@@ -56,6 +62,7 @@ class Generation:
         self._logprobs = logprobs  # None: not requested
         self._logprob_ids: list[int] = []  # consumed tokens whose logprobs are not taken yet
         self._logprob_entries: list[TokenLogprob] = []
+        self._returned = GenerationStats()  # passes, tokens and seconds of the steps the text consumed
         try:
             self._stream = async_engine.submit(request)  # raises before any byte is sent
         except QueueFull as exc:
@@ -89,12 +96,16 @@ class Generation:
 
     async def _pieces(self) -> AsyncIterator[str]:
         async for delta in self._stream:
+            if self.trace is not None:
+                self.trace.observe(delta, counted=not self.text.stopped)
             if delta.finish_reason is not None:
                 self.totals = delta.totals
             was_stopped = self.text.stopped
             consumed = self.text.num_tokens
             piece = self.text.feed(delta.token_ids)
             self._keep_logprobs(delta, self.text.num_tokens - consumed)
+            if not was_stopped:
+                self._count_step(delta, self.text.num_tokens - consumed)
             if self.text.stopped and not was_stopped:
                 self._async_engine.abort(self.request_id)  # then drain: the final delta comes within one step
             if piece:
@@ -114,6 +125,18 @@ class Generation:
                 if not self.text.drops(token_id):
                     self._logprob_ids.append(token_id)
                     self._logprob_entries.append(entry)
+
+    def _count_step(self, delta: TokenDelta, num_consumed: int) -> None:
+        """Count one engine step into the returned totals with the `num_consumed` of its tokens the text
+        took (fewer when a stop string ended the text inside the step). Its kept tokens come first in
+        the step's order, accepted draft tokens before the bonus, as the engine cuts at EOS."""
+        stats = delta.stats
+        if stats is None:  # an abort's or a failure's final delta: no step
+            return
+        returned = self._returned
+        first = returned.target_passes == 0  # the prompt's own pass: its seconds are the prefill's
+        returned.add_step(dataclasses.replace(stats, num_emitted=num_consumed,
+                                              num_accepted=min(stats.num_accepted, num_consumed)), decode=not first)
 
     def take_logprobs(self, empty_as_none: bool = False) -> dict[str, Any] | None:
         """The logprobs object of the tokens consumed since the last call; None if not requested."""
@@ -156,24 +179,41 @@ class Generation:
         self.metrics.generation_tokens.inc(self.completion_tokens)
         self.metrics.requests.labels(self.endpoint, reason).inc()
 
+    def stats(self) -> GenerationStats:
+        """This choice's totals over what it returned: the engine's prompt figures, and the passes, accepted
+        tokens and seconds of the steps up to the one that ended the text. After a stop string the engine
+        totals also hold the rest of that step's tokens and the step drained after it; these do not."""
+        engine = self.totals or GenerationStats()
+        return dataclasses.replace(self._returned, prompt_tokens=engine.prompt_tokens,
+                                   cached_tokens=engine.cached_tokens, prefill_seconds=engine.prefill_seconds)
+
     def timings(self) -> dict[str, Any]:
-        return timings(self.totals, self.prompt_tokens, self.completion_tokens)
+        return timings(self.stats(), self.prompt_tokens, self.completion_tokens)
 
 
-async def collect_response(request: HTTPRequest, gens: list[Generation], env: Envelope) -> Response:
+async def collect_response(request: HTTPRequest, gens: list[Generation], env: Envelope, render: Lane) -> Response:
     """Non-streaming: gather each choice's text; a client that goes away, or a choice that fails,
-    aborts every engine request of the response."""
+    aborts every engine request of the response. The body is built and written in `render` (a
+    preparation lane: off the event loop, in pieces)."""
     texts = await collect_texts(request, gens, env.id)
     if texts is None:
         return Response(status_code=499)
+    content = await render.run(completion_body, gens, texts, env)
+    return Response(content, media_type="application/json", headers={"x-request-id": env.id})
+
+
+def completion_body(gens: list[Generation], texts: list[str], env: Envelope) -> bytes:
+    """The JSON of a whole response: each choice's content, calls and logprobs, usage and timings."""
     choices = []
     for index, (gen, text) in enumerate(zip(gens, texts, strict=True)):
         assert gen.finish_reason is not None
-        content, calls = (text, None) if gen.tools is None else gen.tools.message(text)
+        content, calls = (text, None) if gen.tools is None else gen.tools.message(text, gen.finish_reason)
         reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
-        choices.append(env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls))
-    body = env.completion(choices, choices_usage(gens), choices_timings(gens))
-    return JSONResponse(body, headers={"x-request-id": env.id})
+        choice = env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls)
+        if gen.trace is not None:  # the whole choice's speculation trace (server/trace.py)
+            choice["specexec"] = gen.trace.take(gen.text.num_tokens, final=True)
+        choices.append(choice)
+    return dumps_in_pieces(env.completion(choices, choices_usage(gens), choices_timings(gens)))
 
 
 async def collect_texts(request: HTTPRequest, gens: list[Generation], response_id: str) -> list[str] | None:
@@ -220,7 +260,7 @@ def choices_timings(gens: list[Generation]) -> dict[str, Any]:
         return gens[0].timings()
     total = GenerationStats()
     for gen in gens:
-        for name, value in vars(gen.totals or GenerationStats()).items():
+        for name, value in vars(gen.stats()).items():
             setattr(total, name, getattr(total, name) + value)
     return timings(total, total.prompt_tokens, sum(gen.completion_tokens for gen in gens))
 
@@ -232,7 +272,7 @@ def timings(totals: GenerationStats | None, prompt_tokens: int, completion_token
     # the tokens of the prompt's own pass are timed with the prompt: when they are all there is, that
     # pass is also the generation's time (predicted_ms then overlaps prompt_ms)
     decode_seconds = t.decode_seconds or (t.prefill_seconds if completion_tokens else 0.0)
-    accepted = min(t.accepted_tokens, completion_tokens)  # none beyond the returned tokens (a stop cut them)
+    accepted = min(t.accepted_tokens, completion_tokens)  # a bound: `stats()` counts returned tokens only
     return {
         "prompt_n": prompt_tokens,
         "cache_n": t.cached_tokens,  # of prompt_n, served by the prefix cache
@@ -243,8 +283,8 @@ def timings(totals: GenerationStats | None, prompt_tokens: int, completion_token
         "generation_tokens_per_second": _rate(completion_tokens, decode_seconds),
         "target_passes": passes,
         "draft_tokens_accepted": accepted,
-        # tokens emitted per target pass: accepted draft tokens + the target's bonus token
-        "mean_accepted_per_pass": round(t.mean_accepted_per_pass, 4),
+        # tokens returned per target pass: accepted draft tokens + the target's bonus token
+        "mean_accepted_per_pass": round(completion_tokens / passes, 4) if passes else 0.0,
         "mean_draft_accepted_per_pass": round(accepted / passes, 4) if passes else 0.0,
     }
 

@@ -5,6 +5,9 @@ headers of a request that has begun, so connections that send partial headers pi
 connection must deliver a request's complete headers within `header_timeout` seconds: counted
 from the moment it opens, and on a kept-alive connection from the first byte of the next request.
 Past the deadline the connection is closed. (Bodies have their own timeout: server/limits.py.)
+
+It also caps open connections (server/connections.py): past `max_connections` a connection is answered
+503, and past that plus BUSY_CONNECTIONS closed at once.
 """
 
 from __future__ import annotations
@@ -14,9 +17,14 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from server.connections import BUSY_CONNECTIONS, RateLimitedLog, busy_app
+
+REFUSED = RateLimitedLog("refusing connections: %d open, more than --max-connections %d")
+
 
 class HeaderTimeoutH11Protocol(H11Protocol):
     header_timeout: float = 10.0  # set by `h11_protocol_with_header_timeout`
+    max_connections: int | None = None  # None: no cap
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -24,6 +32,13 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[arg-type]
+        limit = self.max_connections
+        if limit is not None and len(self.connections) > limit:
+            REFUSED.event(len(self.connections), limit)
+            if len(self.connections) > limit + BUSY_CONNECTIONS:
+                transport.close()  # its file descriptor is free at once; connection_lost follows
+                return
+            self.app = busy_app(self.app, limit)  # a 503 answer (probes still served)
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -64,6 +79,8 @@ class HeaderTimeoutH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def h11_protocol_with_header_timeout(header_timeout: float) -> type[HeaderTimeoutH11Protocol]:
+def h11_protocol_with_header_timeout(header_timeout: float,
+                                     max_connections: int | None = None) -> type[HeaderTimeoutH11Protocol]:
     """A protocol class for `uvicorn.Config(http=...)` (uvicorn builds it with fixed arguments)."""
-    return type("HeaderTimeoutH11Protocol", (HeaderTimeoutH11Protocol,), {"header_timeout": header_timeout})
+    return type("HeaderTimeoutH11Protocol", (HeaderTimeoutH11Protocol,),
+                {"header_timeout": header_timeout, "max_connections": max_connections})

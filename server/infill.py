@@ -1,6 +1,7 @@
 """`POST /infill`: llama.cpp server's code-infill endpoint (llama.vscode's client), over the same engine.
 
-Request fields (llama.cpp names): `input_prefix`, `input_suffix`, `input_extra` (list of
+Request fields (llama.cpp names): `model` is ignored, as llama.cpp's single-model server ignores it
+(llama.vscode sends its own `ai_model` setting there, `"google/gemini-2.5-flash"` by default); `input_prefix`, `input_suffix`, `input_extra` (list of
 {filename, text} chunks placed before the prefix, server/fim.py), `prompt` (text appended after the
 prefix), `n_predict` (-1 or absent: the server's default; 0: nothing is generated, the response only
 reports the prompt's size, as llama.vscode's cache-warming requests expect), `temperature`, `top_k`,
@@ -135,8 +136,7 @@ async def _infill(request: Request, state: ServerState) -> Response:
     raw = await read_body(request, config.max_body_bytes, config.read_timeout)
     lane = state.preparation.lane(len(raw))  # the server's own threads for bodies of this size
     req = await lane.run(parse_infill, raw)
-    async_engine, prompt = state.require_ready()
-    state.check_model(req.model)
+    async_engine, prompt = state.require_ready()  # `model` is ignored, as by llama.cpp's single-model server
     if prompt.fim is None:
         raise invalid_request("This model has no fill-in-the-middle tokens (such as <|fim_prefix|>, <fim_prefix> "
                               "or <PRE>), so /infill cannot build a prompt for it.", None, "fim_not_supported")
@@ -145,10 +145,10 @@ async def _infill(request: Request, state: ServerState) -> Response:
     parts = await lane.run(_parts, prompt.fim, req, prompt.max_prompt_chars)
     parts, truncated = fit(parts, max(prompt.max_context - output_room, 0))
     prompt_ids = prompt.fim.assemble(parts)
-    model = state.response_model(req.model)
+    model = state.model_name
     if requested == 0:  # llama.vscode warms the server's cache with these: nothing to generate
         return JSONResponse(final_body("", model, len(prompt_ids), truncated, {"predicted_n": 0}))
-    params = req.to_sampling_params(prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
+    params = await lane.run(req.to_sampling_params, prompt.max_tokens(req, len(prompt_ids)), prompt.vocab_size)
     params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + prompt.fim.stop_ids)
     text = TextStream(prompt.tokenizer, req.stop_strings())
     gen = Generation(async_engine, EngineRequest(new_request_id(False), prompt_ids, params), text,

@@ -10,7 +10,8 @@ Parsing holds the interpreter lock (GIL) from start to end, and validating every
 small slices, so a body of millions of small values stalls every other thread, the engine's included.
 A body may hold at most MAX_JSON_VALUES values, counted before parsing by an upper bound that needs
 no parsing (one plus its commas and opening brackets, also those inside strings: a prompt with that
-many commas is far beyond any context anyway).
+many commas is far beyond any context anyway). A body over PIECES_BYTES is parsed in pieces
+(server/json_pieces.py), so the lock changes hands between its values.
 """
 
 from __future__ import annotations
@@ -20,16 +21,18 @@ import re
 from typing import Any
 
 from server.errors import invalid_request
+from server.json_pieces import loads_in_pieces
 
 MAX_JSON_DEPTH = 64  # request bodies (tool schemas included) nest far less
 MAX_JSON_VALUES = 2**18  # a prompt of token ids up to 262,143 tokens fits
+PIECES_BYTES = 64 * 1024  # larger bodies are parsed in pieces (as server/preparation.py's large lane takes them)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def load_json_object(raw: bytes) -> dict[str, Any]:
     check_json_size(raw)
     try:
-        body = json.loads(raw)
+        body = json.loads(raw) if len(raw) <= PIECES_BYTES else loads_in_pieces(raw)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over 4300 digits
         reason = str(exc).split(";")[0]  # not the int limit's advice to call sys.set_int_max_str_digits()
         raise invalid_request(f"We could not parse the JSON body of your request: {reason}") from None

@@ -16,6 +16,9 @@ Linux; threads they start, such as xgrammar's compile threads, inherit it): when
 engine's thread, the event loop and the small lane run first, so preparing one large request slows
 neither the tokens of others nor the preparation of small ones.
 
+Whole (non-streamed) response bodies are built and written in a `render` lane of their own, in pieces
+(server/json_pieces.py): an n=8, top_logprobs=20 reply is hundreds of thousands of values.
+
 A grammar compile may wait at most `grammar_timeout` seconds for a worker (then a 429) and take at most
 `grammar_timeout` seconds of its own: past that the request is a 400 naming the field. The compile cannot
 be interrupted; it finishes in the background, still holding its worker, and lands in the engine's
@@ -41,6 +44,7 @@ SMALL_SPEC_BYTES = 8 * 1024  # a schema or regex this size compiles in well unde
 SMALL_WORKERS = 4
 SMALL_GRAMMAR_WORKERS = 2
 LARGE_WAITING = 4  # large jobs that may wait for a lane's worker; more are refused (429)
+RENDER_WORKERS = 2
 BUSY_RETRY_SECONDS = 5
 WORKER_NICE = 10
 
@@ -176,7 +180,8 @@ def _resolve(started: asyncio.Future[None]) -> None:
 
 
 class Preparation:
-    """The lanes of one server: `prepare` (parse, template, tokenize) and `grammar` (compile)."""
+    """The lanes of one server: `prepare` (parse, template, tokenize), `grammar` (compile), and `render`
+    (a whole response's body, built and written in pieces: never refused, as its request already ran)."""
 
     def __init__(self, grammar_timeout: float):
         self.grammar_timeout = grammar_timeout
@@ -184,6 +189,7 @@ class Preparation:
         self.large = Lane("prepare-large", 1, LARGE_WAITING, WORKER_NICE)
         self.small_grammar = Lane("grammar-small", SMALL_GRAMMAR_WORKERS, None, WORKER_NICE)
         self.large_grammar = Lane("grammar-large", 1, LARGE_WAITING, WORKER_NICE)
+        self.render = Lane("render", RENDER_WORKERS, None, WORKER_NICE)
 
     def lane(self, body_bytes: int) -> Lane:
         """The lane for preparing a request whose body has `body_bytes` bytes."""
@@ -195,5 +201,5 @@ class Preparation:
         return await lane.run(fn, *args, time_limit=self.grammar_timeout)
 
     def shutdown(self) -> None:
-        for lane in (self.small, self.large, self.small_grammar, self.large_grammar):
+        for lane in (self.small, self.large, self.small_grammar, self.large_grammar, self.render):
             lane.shutdown()

@@ -23,6 +23,8 @@ from engine.types import (
 )
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
+from server.json_pieces import PieceError, validate_in_pieces
+from server.trace import SpecexecOptions
 
 MAX_STOP_STRINGS = 32
 MAX_STOP_CHARS = 1024  # per stop string: the stream holds back and re-checks up to this much text per token
@@ -124,6 +126,7 @@ class SamplingRequest(_Model):
     response_format: ResponseFormat | None = None
     guided_json: str | dict[str, Any] | None = None  # vLLM: a JSON schema
     guided_regex: str | None = None  # vLLM: a regular expression
+    specexec: SpecexecOptions | None = None  # ours: the speculation trace, the request's own method (server/trace.py)
 
     prompt_param: ClassVar[str]  # the field that holds the prompt, named by prompt errors
 
@@ -247,7 +250,8 @@ class CompletionRequest(SamplingRequest):
 _FIELD_NAMES = {
     name
     for cls in (ChatCompletionRequest, CompletionRequest, ChatMessage, ContentPart, StreamOptions, ToolCall,
-                FunctionCall, ToolDefinition, FunctionDefinition, NamedToolChoice, ResponseFormat, JsonSchemaFormat)
+                FunctionCall, ToolDefinition, FunctionDefinition, NamedToolChoice, ResponseFormat, JsonSchemaFormat,
+                SpecexecOptions)
     for name in cls.model_fields
 }
 
@@ -258,15 +262,21 @@ def parse_request(raw: bytes, cls: type[RequestT]) -> RequestT:
     """JSON bytes -> validated request, or a 400 naming the offending field."""
     body = load_json_object(raw)
     try:
-        request = cls.model_validate(body)
+        request = validate_in_pieces(cls, body)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    except PieceError as exc:
+        raise field_error(exc.error) from None
     check_supported(request)
     return request
 
 
 def validation_error(exc: ValidationError) -> APIError:
-    first = exc.errors()[0]
+    return field_error(exc.errors()[0])
+
+
+def field_error(first: Any) -> APIError:
+    """The 400 of one pydantic error (a dict with loc, type and msg)."""
     param = error_param(first["loc"])
     if first["type"] == "missing":
         return invalid_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")

@@ -8,14 +8,21 @@ import sys
 from typing import Any
 
 from engine.config import EngineConfig, build_section
-from server.config import GENERATION_CONFIG, LOG_LEVELS, TOOL_PARSERS, ServerConfig, api_key_from_env
+from server.config import (
+    GENERATION_CONFIG,
+    JSON_WHITESPACE,
+    LOG_LEVELS,
+    TOOL_PARSERS,
+    ServerConfig,
+    api_key_from_env,
+)
 
 log = logging.getLogger("specexec.server")
 
 # flag dest -> ServerConfig field (the same name: every flag is a [server] key)
-SERVER_FIELDS = ("host", "port", "api_key", "cors_origins", "chat_template", "tool_parser", "served_model_name",
+SERVER_FIELDS = ("host", "port", "webui", "api_key", "cors_origins", "chat_template", "tool_parser", "served_model_name",
                  "ping_seconds", "log_level", "allowed_hosts", "read_timeout", "shutdown_timeout",
-                 "grammar_timeout", "generation_config")
+                 "grammar_timeout", "generation_config", "json_whitespace", "max_connections")
 MIB = 2**20
 
 
@@ -24,8 +31,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1: this machine only)")
     group.add_argument("--port", type=int, default=None, help="TCP port (default 8000)")
+    group.add_argument("--no-webui", dest="webui", action="store_const", const=False, default=None,
+                       help="no chat page at / (it answers plain text); config: webui = false")
     group.add_argument("--api-key", default=None,
-                       help="require this key on /v1/* (Bearer or x-api-key); env SPECEXEC_API_KEY also works")
+                       help="require this key on /v1/*, /infill and /api/* (Bearer or x-api-key); env SPECEXEC_API_KEY also works")
     group.add_argument("--cors-origins", default=None,
                        help="comma-separated browser origins allowed to call the API, or '*'")
     group.add_argument("--chat-template", default=None, help="Jinja file overriding the tokenizer's chat template")
@@ -39,6 +48,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="auto (default, as vLLM): sampling fields a request leaves out (temperature, top_p, "
                             "top_k, min_p, repetition_penalty) take the values in the target's "
                             "generation_config.json; none: the API's defaults (temperature 1, no truncation)")
+    group.add_argument("--json-whitespace", default=None, choices=JSON_WHITESPACE,
+                       help="JSON written under a grammar (response_format, guided_json, tool-call arguments): "
+                            "compact (default: the separators ', ' and ': ' chat templates print, no other "
+                            "whitespace) or free (any whitespace, at most 16 characters between elements)")
     group.add_argument("--ping-seconds", type=float, default=None,
                        help="interval of SSE ': ping' keep-alive comments (default 5)")
     group.add_argument("--log-level", default=None, choices=LOG_LEVELS, help="uvicorn log level (default info)")
@@ -47,6 +60,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                             "'*' for any (default: loopback names only when bound to loopback, any otherwise)")
     group.add_argument("--max-body-mb", type=float, default=None,
                        help="largest request body in MiB; larger ones get 413 (default 16; config: max_body_bytes)")
+    group.add_argument("--max-connections", type=int, default=None,
+                       help="open connections served at once, at most what the file limit leaves (raised to the "
+                            "hard limit at start); past it, 503 (default 1024)")
     group.add_argument("--read-timeout", type=float, default=None,
                        help="seconds a client may take to send request headers, and may stall within a body "
                             "(default 10)")
@@ -84,11 +100,22 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None
     import uvicorn
 
     from server.app import build_app
+    from server.connections import (
+        ACCEPT_BACKLOG,
+        connection_limit,
+        install_accept_error_filter,
+        raise_file_limit,
+    )
     from server.http_protocol import h11_protocol_with_header_timeout
     from server.shutdown import DrainingServer
 
     level = "DEBUG" if server_config.log_level == "trace" else server_config.log_level.upper()
     logging.basicConfig(level=level, format="%(levelname)s:     %(name)s: %(message)s")
+    install_accept_error_filter()
+    file_limit = raise_file_limit()
+    max_connections = connection_limit(server_config.max_connections, file_limit)
+    log.info("at most %d open connections (--max-connections %d, file limit %d)", max_connections,
+             server_config.max_connections, file_limit)
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None
 
@@ -103,7 +130,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None
         host=server_config.host,
         port=server_config.port,
         log_level=server_config.log_level,
-        http=h11_protocol_with_header_timeout(server_config.read_timeout),
+        http=h11_protocol_with_header_timeout(server_config.read_timeout, max_connections),
+        backlog=ACCEPT_BACKLOG,  # a burst of accepts fits the files reserved (server/connections.py)
         timeout_graceful_shutdown=5,  # after the drain (server/shutdown.py), for connections still open
     )
     server = DrainingServer(config, app.state.specexec, server_config.shutdown_timeout)

@@ -25,6 +25,7 @@ from server.choices import merge_streams
 from server.errors import generation_error
 from server.generation import Generation, choices_usage
 from server.responses import Envelope
+from server.trace import traced_chunks
 
 log = logging.getLogger("specexec.server")
 
@@ -50,7 +51,7 @@ async def choice_chunks(gen: Generation, env: Envelope, index: int) -> AsyncIter
             continue
         for delta in gen.tools.feed(piece):  # content and tool-call deltas (server/toolcalls/output.py)
             yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls)
-    for delta in gen.tools.finish() if gen.tools is not None else []:
+    for delta in gen.tools.finish(gen.finish_reason) if gen.tools is not None else []:
         yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls)
     assert gen.finish_reason is not None
     reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
@@ -60,7 +61,7 @@ async def choice_chunks(gen: Generation, env: Envelope, index: int) -> AsyncIter
 
 async def chunk_events(gens: list[Generation], env: Envelope, include_usage: bool) -> AsyncIterator[str]:
     """The `data:` payloads of one stream (every choice's chunks, merged), ending with [DONE]."""
-    merged = merge_streams([choice_chunks(gen, env, i) for i, gen in enumerate(gens)])
+    merged = merge_streams([traced_chunks(gen.trace, gen.text, choice_chunks(gen, env, i)) for i, gen in enumerate(gens)])
     try:
         async for chunk in merged:
             yield dumps(chunk)

@@ -19,6 +19,7 @@ from server.protocol import SamplingRequest
 from server.responses import Envelope
 from server.state import ServerState
 from server.toolcalls.plan import ToolPlan
+from server.trace import StepTrace, request_method, tree_method
 
 
 async def start_generations(state: ServerState, req: SamplingRequest, chat: bool, endpoint: str,
@@ -31,22 +32,32 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
     plan = prompt.tool_plan(req)  # None: no tool calls to read (server/toolcalls/plan.py)
     prompt_ids = await lane.run(prompt.prompt_ids, req, plan)
     max_tokens = prompt.max_tokens(req, len(prompt_ids))
-    params = req.with_defaults(state.sampling_defaults).to_sampling_params(max_tokens, prompt.vocab_size)
+    # a logit_bias of 262k entries takes a while to check: in the lane too
+    params = await lane.run(req.with_defaults(state.sampling_defaults).to_sampling_params, max_tokens,
+                            prompt.vocab_size)
     if plan is not None:  # the calls' grammar (with "auto", it holds the reply's response_format too)
         params = dataclasses.replace(params, structured_output=plan.grammar)
+    if params.structured_output is not None:  # --json-whitespace
+        params = dataclasses.replace(params, structured_output=dataclasses.replace(
+            params.structured_output, json_whitespace=state.server_config.json_whitespace))
     await check_structured_output(state, req, plan, params.structured_output)
     if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
         params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)
     env = Envelope(chat, state.response_model(req.model), state.fingerprint)
     texts = None if params.logprobs is None else TokenTexts(prompt.tokenizer)
+    speculation = state.engine_config.speculation
+    method = request_method(req.specexec, speculation)  # ours: server/trace.py
+    traced = req.specexec is not None and bool(req.specexec.trace)
 
     def start(index: int, choice: SamplingParams) -> Generation:
-        text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=None if plan is None else plan.drop_ids)
+        drop_ids = None if plan is None else plan.drop_ids
+        text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=drop_ids)
         logprobs = None if texts is None else LogprobFormat(texts, chat)
         tools = None if plan is None else plan.output(eager=bool(req.stream))
-        engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice)
+        trace = StepTrace(prompt.tokenizer, tree_method(speculation, method, choice), drop_ids) if traced else None
+        engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice, method)
         return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,
-                          tools=tools)
+                          tools=tools, trace=trace)
 
     return start_choices(req.n or 1, params, start), env
 

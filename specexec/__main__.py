@@ -1,8 +1,8 @@
-"""The `specexec` command: generate, serve, plan, bench, build-default.
+"""The `specexec` command: generate, serve, plan, models, bench, build-default.
 
 Parsing needs no torch: `specexec --help`, `specexec serve --help` and a mistyped flag answer before
-any model library is imported. `plan`, `bench` and `build-default` are programs of their own
-(engine/plan_cli.py, bench/, builder/); their modules are imported only when named.
+any model library is imported. `plan`, `models`, `bench` and `build-default` are programs of their own
+(engine/plan_cli.py, engine/models_cli.py, bench/, builder/); their modules are imported only when named.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ PROGRAMS = {  # `specexec NAME`: module (with add_arguments and run), descriptio
     "bench": ("bench.decode", "benchmark autoregressive vs SpecInfer vs SpecExec (more: `specexec bench NAME --help`)"),
     "build-default": ("builder.build_default", "train the built-in default model pair"),
     "plan": ("engine.plan_cli", "device memory plan of a pair for a GPU size, without the GPU or the weights"),
+    "models": ("engine.models_cli", "the models in the local Hugging Face cache, and the pairs they make on a GPU"),
 }
 BENCH_TOOLS = {  # `specexec bench NAME`: module, description
     "offload": ("bench.offload", "pass time resident vs streamed (ram, disk) and GB/s"),

@@ -1,9 +1,9 @@
 """Every configs/*.toml loads through `specexec serve --config`'s own code path, without weights.
 
-`serve` runs engine_config_from_args (file + flags -> EngineConfig, then the model-folder check)
-and server_config_from (the [server] table + flags -> ServerConfig). The serve parser here is
-built from the same two argument sets; the full CLI parser would import transformers for its
-other commands. The model-folder check is stubbed where no weights exist.
+`serve` runs engine_config_from_args (file + flags -> EngineConfig, then the models resolved: folders,
+or hub ids from the cache or downloaded) and server_config_from (the [server] table + flags ->
+ServerConfig). The serve parser here is built from the same two argument sets; the full CLI parser
+would import transformers for its other commands. The resolution is stubbed where no weights exist.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 import tomllib
 
 from engine import cli as flags
-from engine.cli import DEFAULT_MODELS, CliError, add_engine_arguments, engine_config_from_args
+from engine.cli import DEFAULT_MODELS, add_engine_arguments, engine_config_from_args
 from engine.config import EngineConfig
-from engine.types import ConfigError
+from engine.types import CheckpointError, ConfigError
 from server.config import ServerConfig
 from server.serve import add_server_arguments, server_config_from
 
@@ -56,9 +56,14 @@ def load(*argv: str) -> tuple[EngineConfig, ServerConfig]:
 
 @pytest.fixture
 def no_weights(monkeypatch: pytest.MonkeyPatch) -> list[EngineConfig]:
-    """Stub the model-folder check; returns the configs it was asked to check."""
+    """Stub the models' resolution (folders, hub ids); returns the configs it was asked to resolve."""
     checked: list[EngineConfig] = []
-    monkeypatch.setattr(flags, "check_paths", checked.append)
+
+    def resolve(config: EngineConfig) -> EngineConfig:
+        checked.append(config)
+        return config
+
+    monkeypatch.setattr(flags, "resolve_models", resolve)
     monkeypatch.delenv("SPECEXEC_API_KEY", raising=False)
     return checked
 
@@ -85,7 +90,7 @@ def test_real_config_is_the_listed_deployment(path: Path, no_weights: list[Engin
     assert config.offload.enabled and config.offload.source == "ram" and config.offload.gpu_memory
     assert config.limits.max_context is not None
     text = path.read_text()
-    assert "never downloads" in text and f"hf download {target}" in text and f"hf download {draft}" in text
+    assert "are Hugging Face Hub ids" in text and "downloads the files they need" in text
 
 
 def test_default_config_is_the_builtin_default(no_weights: list[EngineConfig]) -> None:
@@ -122,10 +127,18 @@ def test_relative_paths_next_to_the_file_then_the_cwd(tmp_path: Path, monkeypatc
     assert config.model.draft == "org/draft" and Path(config.model.draft).is_dir()
 
 
-def test_missing_weights_name_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_weights_name_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config's hub id, with no folder of that name, not in the (empty) hub cache, offline: one line."""
+    from huggingface_hub import constants
+
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(CliError, match="meta-llama/Llama-2-70b-chat-hf: no such model folder.*never downloads"):
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(CheckpointError, match="--target meta-llama/Llama-2-70b-chat-hf: not in the local Hugging "
+                                              "Face cache .* and HF_HUB_OFFLINE=1 forbids downloading it"):
         load("--config", str(CONFIG_DIR / "llama2-70b-chat.toml"))
+    with pytest.raises(CheckpointError, match="--target ./nowhere: no such model folder"):
+        load("--target", "./nowhere", "--draft", "./nowhere")
 
 
 BAD_FIELDS = [

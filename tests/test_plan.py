@@ -93,9 +93,13 @@ def test_every_known_model_plans_from_its_name_alone(name, capsys):
         assert KNOWN[draft]["vocab_family"] == KNOWN[name]["vocab_family"] and f"draft  {draft}" in out
 
 
-def test_a_grouped_gptq_target_counts_the_dequantize_scratch(capsys):
-    code, out = plan(capsys, "--config", str(CONFIG_DIR / "llama2-70b-chat-gptq.toml"), "--gpu-memory-total", "24")
-    scratch = 7 * 8192 * 28672  # the largest matrix, 7 bytes a weight
+@pytest.mark.parametrize(("kernel", "bytes_per_weight"), [("auto", 5), ("int4", 5), ("dequantize", 7)])
+def test_a_grouped_gptq_target_counts_the_dequantize_scratch(capsys, kernel, bytes_per_weight):
+    """gptqmodel's dequantize kernel: 7 bytes a weight of the largest matrix per call; the int4 kernel
+    (auto on CUDA) dequantizes calls of many rows to bf16 once: 5."""
+    code, out = plan(capsys, "--config", str(CONFIG_DIR / "llama2-70b-chat-gptq.toml"), "--gpu-memory-total", "24",
+                     "--gptq-kernel", kernel)
+    scratch = bytes_per_weight * 8192 * 28672  # the largest matrix
     assert f"| GPTQ dequantization scratch | {scratch / GB:.2f} |" in out
 
 
@@ -103,7 +107,7 @@ def test_an_unknown_model_names_the_fix(capsys, tmp_path):
     code = main(["plan", "--target", str(tmp_path / "nowhere"), "--method", "autoregressive",
                  "--gpu-memory-total", "24"])
     assert code == 2
-    assert "download its config.json alone" in capsys.readouterr().err
+    assert "nowhere: no config.json there; name a model folder, or a hub id" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

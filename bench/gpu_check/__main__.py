@@ -30,6 +30,8 @@ SECTIONS = {
     "serving": ("Serving: several requests per pass, seeded sampling, prefix cache, grammar", "serving:serving_section"),
     "disk": ("Disk source read bandwidth", "links:disk_section"),
     "bench": ("End to end: one `specexec bench` row", "bench_row:bench_section"),
+    "fullshape": ("Full shape: a 70B-shaped 4-bit target streamed from pinned RAM, a 1B-shaped draft, 23 GB",
+                  "fullshape:fullshape_section"),
 }
 NEEDS_BUILD = ("copy", "equality", "overlap", "steps", "disk")
 

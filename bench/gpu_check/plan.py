@@ -6,6 +6,38 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class FullShape:
+    """The full-shape section: a Llama-3-70B-shaped 4-bit target (every layer streamed from pinned RAM)
+    beside a Llama-3.2-1B-shaped draft, under a 24 GB card's memory."""
+
+    num_layers: int = 80
+    hidden: int = 8192
+    mlp: int = 28672
+    num_heads: int = 64
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    group_size: int = 128
+    vocab_size: int = 128256
+    draft_layers: int = 16
+    draft_hidden: int = 2048
+    draft_mlp: int = 8192
+    draft_heads: int = 32
+    draft_kv_heads: int = 8
+    draft_head_dim: int = 64
+    memory_cap_gb: float = 23.0  # the caching allocator's cap (a 24 GB card, less the CUDA context)
+    budgets: tuple[int, ...] = (256, 1024)
+    streams: tuple[int, ...] = (1, 4)
+    prompt_len: int = 64  # each stream's prompt
+    warmup_steps: int = 2  # steps before the measured ones (each stream's prefill, a seed to grow from)
+    measured_steps: int = 3
+    join_len: int = 3800  # the prompt that joins a running stream
+    join_steps_before: int = 3
+    max_context: int = 4096  # join_len, the tokens after it and a tree
+    kernel_tokens: tuple[int, ...] = (1, 16, 64, 257, 1025, 2049)  # int4 vs dequantize, rows per call
+    autoregressive_steps: int = 3
+
+
+@dataclass(frozen=True)
 class Plan:
     # target: Llama decoder layers of Llama-3-70B's shape (1.71 GB each in bf16)
     num_layers: int = 4
@@ -38,6 +70,7 @@ class Plan:
     bench_tokens: int = 32
     serving_prompts: int = 8  # serving: code prompts, all in one target pass together
     serving_tokens: int = 48
+    full: FullShape = FullShape()
 
     @property
     def layer_shape(self) -> str:
@@ -76,4 +109,10 @@ TINY = Plan(  # CPU test mode: every section's logic in seconds
     bench_tokens=6,
     serving_prompts=2,
     serving_tokens=8,
+    full=FullShape(
+        num_layers=3, hidden=64, mlp=256, num_heads=4, num_kv_heads=2, head_dim=16, group_size=32,
+        vocab_size=512, draft_layers=1, draft_hidden=32, draft_mlp=64, draft_heads=2, draft_kv_heads=1,
+        draft_head_dim=16, budgets=(8, 16), streams=(1, 2), prompt_len=8, warmup_steps=1, measured_steps=2,
+        join_len=150, join_steps_before=2, max_context=256, kernel_tokens=(1, 17), autoregressive_steps=2,
+    ),
 )

@@ -6,11 +6,13 @@ wall-clock stalls in the compute thread, no sync debug mode, no memory statistic
 from __future__ import annotations
 
 import gc
+import threading
 import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +96,53 @@ def wrapped_forward(
         del runner.forward_groups
 
 
+@dataclass(frozen=True)
+class Sync:
+    """One host sync seen by `counted_syncs`."""
+
+    site: str  # file:line that made it
+    thread: str  # the thread that made it (the overlapped target pass runs in "target-pass")
+    in_pass: bool  # made inside a target pass marked by `marking_passes`, in whichever thread runs it
+
+
+_passes = threading.local()  # .active: this thread is inside a marked target pass
+
+
 @contextmanager
-def counted_syncs(device: torch.device) -> Iterator[list[warnings.WarningMessage]]:
-    """Record the warnings `torch.cuda.set_sync_debug_mode("warn")` raises at every host sync (CUDA);
-    on CPU nothing is recorded (there is no sync debug mode)."""
-    with warnings.catch_warnings(record=True) as caught:
+def marking_passes(runner: DecoderRunner) -> Iterator[None]:
+    """While open, every pass of `runner` marks its own thread as inside a pass, so a sync it makes is
+    attributed to the pass, not to the thread's other work."""
+
+    @contextmanager
+    def inside() -> Iterator[None]:
+        _passes.active = True
+        try:
+            yield
+        finally:
+            _passes.active = False
+
+    with wrapped_forward(runner, inside):
+        yield
+
+
+@contextmanager
+def counted_syncs(device: torch.device) -> Iterator[list[Sync]]:
+    """Record every host sync `torch.cuda.set_sync_debug_mode("warn")` warns of (CUDA), with the thread
+    that made it; on CPU nothing is recorded (there is no sync debug mode)."""
+    records: list[Sync] = []
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" in str(message).lower():
+            records.append(Sync(f"{Path(filename).name}:{lineno}", threading.current_thread().name,
+                                getattr(_passes, "active", False)))
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = show  # restored by catch_warnings; called from every thread
         if is_cuda(device):  # CUDA-only
             torch.cuda.set_sync_debug_mode("warn")
         try:
-            yield caught
+            yield records
         finally:
             if is_cuda(device):  # CUDA-only
                 torch.cuda.set_sync_debug_mode(0)

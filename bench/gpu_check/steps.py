@@ -9,9 +9,9 @@ under the profiler, step 4 under `torch.cuda.set_sync_debug_mode("warn")`."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -24,11 +24,11 @@ from bench.gpu_check.probes import (
     attention_kernels,
     counted_syncs,
     gigabytes,
+    marking_passes,
     peak_bytes,
     profiled,
     reset_peak,
     site_summary,
-    sync_sites,
     wrapped_forward,
 )
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
@@ -58,8 +58,8 @@ class BudgetResult:
     backends: list[str]  # SDPA backends of the profiled target pass
     kernels: list[str]
     efficient_accepts: bool  # the memory-efficient kernel alone runs a tree pass at this context
-    pass_syncs: list[str]  # sync sites of step 4's target pass
-    step_syncs: list[str]  # sync sites of the whole step 4
+    pass_syncs: list[str]  # sync sites inside step 4's target pass (whichever thread ran it)
+    step_syncs: list[str]  # sync sites of step 4 in the engine's own thread, outside the pass
 
 
 def engine_config(ctx: CheckContext, budget: int) -> EngineConfig:
@@ -79,16 +79,6 @@ def next_step(steps: Iterator[TokenDelta], number: int) -> TokenDelta:
     if delta is None or delta.stats is None:
         raise RuntimeError(f"the request finished before step {number}")
     return delta
-
-
-@contextmanager
-def span_of(items: list, spans: list[tuple[int, int]]) -> Iterator[None]:
-    """Append (len before, len after) of `items` around the block."""
-    start = len(items)
-    try:
-        yield
-    finally:
-        spans.append((start, len(items)))
 
 
 def steps_section(ctx: CheckContext) -> None:
@@ -130,12 +120,11 @@ def measure_budget(ctx: CheckContext, engine: Engine, budget: int) -> BudgetResu
         peak = peak_bytes(device)
         with wrapped_forward(target, lambda: profiled(device)) as profiles:
             next_step(steps, 3)
-        with counted_syncs(device) as caught:
-            spans: list[tuple[int, int]] = []
-            with wrapped_forward(target, lambda: span_of(caught, spans)):
-                next_step(steps, 4)
-            step_syncs = sync_sites(caught)
-            pass_syncs = [site for a, b in spans for site in sync_sites(caught[a:b])]
+        with counted_syncs(device) as caught, marking_passes(target):
+            next_step(steps, 4)
+        main = threading.current_thread().name
+        pass_syncs = [sync.site for sync in caught if sync.in_pass]
+        step_syncs = [sync.site for sync in caught if sync.thread == main and not sync.in_pass]
     finally:
         steps.close()
     cache = target.new_cache(plan.context_len + budget + 1)
@@ -175,7 +164,7 @@ def print_results(ctx: CheckContext, results: list[BudgetResult]) -> None:
         )  # fmt: skip
     report.table(
         "budget", "SDPA backend (tree pass, profiled)", "attention kernels",
-        "memory-efficient kernel takes it", "host syncs: target pass", "host syncs: engine step", "where the engine step synced (file:line)",
+        "memory-efficient kernel takes it", "host syncs: target pass", "host syncs: engine step (its own thread, outside the pass)", "where the engine step synced (file:line)",
     )  # fmt: skip
     for r in results:
         report.row(

@@ -11,7 +11,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from engine.model import families, gptq
+from engine.model import families, gptq, int4_formats
 from engine.types import CheckpointError, VocabMismatchError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -60,6 +60,13 @@ def load_model(
     A GPTQ checkpoint's layers run on `gptq_kernel` (gptq.select_kernel) for `compute_device`
     (default: `device`)."""
     config = read_config(path)
+    packed = int4_formats.format_of(config)
+    if packed is not None:  # AWQ, compressed-tensors: converted here, no quantization library
+        from engine.model.int4_checkpoint import load_int4_checkpoint
+
+        home = torch.device(device)
+        model, _ = load_int4_checkpoint(path, packed, dtype, home, gptq_kernel, torch.device(compute_device or device))
+        return model.to(device).eval().requires_grad_(False)
     quantized = gptq.quant_method(config) is not None
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()

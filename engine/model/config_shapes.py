@@ -6,11 +6,11 @@
 `specexec plan` sizes a pair with these; a loaded pair's plan measures the same items from the
 loaded tensors (tests compare both on tiny checkpoints of every family, GPTQ included).
 
-A model path is read as a folder holding config.json when one exists. Otherwise it is looked up in
-configs/shapes/models.toml, which lists the config.json fields the plan needs for the models the
-shipped configs and the README name (copied from their config.json on the Hugging Face Hub), so a
-plan needs no download; for any other model, download its config.json alone into a folder
-(`hf download <repo id> config.json --local-dir <folder>`) and name the folder.
+A model path is read as a folder holding config.json when one exists. Otherwise, a hub id's config.json
+in the local Hugging Face cache; else configs/shapes/models.toml, which lists the config.json fields the
+plan needs for the models the shipped configs and the README name (copied from their config.json on the
+Hugging Face Hub), so a plan needs no download; else the id's config.json downloaded alone
+(engine.model.hub).
 """
 
 from __future__ import annotations
@@ -36,16 +36,27 @@ def known_models(path: Path = KNOWN_SHAPES) -> dict[str, dict]:
 
 
 def read_model_config(model: str) -> tuple[dict, str]:
-    """(config.json fields, where they came from) for a model folder or a known hub id."""
+    """(config.json fields, where they came from) for a model folder or a hub id: the hub cache's
+    config.json, the known shapes, else its config.json downloaded alone (engine.model.hub)."""
+    from engine.model import hub
+
     config_file = Path(model) / "config.json"
+    if not config_file.is_file():
+        config_file = hub.model_config_file(model, download=False) or Path(model) / "config.json"
     if config_file.is_file():
         return json.loads(config_file.read_text()), str(config_file)
     known = known_models()
     if model in known:
         return known[model], f"{KNOWN_SHAPES.name} [{model}]"
+    downloaded = hub.model_config_file(model, download=True)
+    if downloaded is not None:
+        return json.loads(downloaded.read_text()), str(downloaded)
+    if not hub.looks_like_hub_id(model):
+        raise CheckpointError(f"{model}: no config.json there; name a model folder, or a hub id (org/name)")
     raise CheckpointError(
-        f"{model}: no config.json there and not among the known shapes ({KNOWN_SHAPES}); download its "
-        f"config.json alone (`hf download <repo id> config.json --local-dir <folder>`) and name the folder"
+        f"{model}: not in the Hugging Face cache, not among the known shapes ({KNOWN_SHAPES}), and its "
+        f"config.json could not be downloaded now (offline, or no such model on the Hub); download its "
+        f"config.json (`hf download {model} config.json`) or name a folder holding it"
     )
 
 
@@ -126,14 +137,20 @@ class ConfigBytes:
 
 def weight_bytes(config: dict, dtype_bytes: int, gptq_kernel: str = "dequantize") -> ConfigBytes:
     """Bytes of `config`'s weights loaded at `dtype_bytes` per element: each decoder layer as the family's
-    own layer class holds it (layer_shapes); a GPTQ checkpoint's quantized layers (dense Llama-shaped
-    layers: `linears`) in `gptq_kernel`'s form, its other tensors at the load dtype."""
+    own layer class holds it (layer_shapes); a 4-bit checkpoint's quantized layers (dense Llama-shaped
+    layers: `linears`) in `gptq_kernel`'s form (AWQ and compressed-tensors on the dequantize kernel: the
+    file's own tensors), its other tensors at the load dtype."""
+    from engine.model import int4_formats
+
     hidden, _, _, _, _, experts = _dims(config)
-    quant = config.get("quantization_config") or {}
+    quant = int4_formats.plan_fields(config)
     largest = 0
     if quant:
         maps = linears(config)
-        layer = sum(gptq_linear_bytes(k, n, bias, quant, gptq_kernel) for k, n, bias in maps)
+        if gptq_kernel == "dequantize" and int4_formats.format_of(config) is not None:  # the file's form
+            layer = sum(int4_formats.file_linear_bytes(k, n, bias, config, dtype_bytes) for k, n, bias in maps)
+        else:
+            layer = sum(gptq_linear_bytes(k, n, bias, quant, gptq_kernel) for k, n, bias in maps)
         largest = max(k * n for k, n, _ in maps)
         layer += 2 * hidden * dtype_bytes  # the two norms
         if experts > 1:

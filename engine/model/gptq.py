@@ -40,7 +40,8 @@ from engine.types import CheckpointError, ConfigError
 
 log = logging.getLogger("specexec.engine")
 
-SUPPORTED_METHODS = ("gptq",)
+SUPPORTED_METHODS = ("gptq",)  # through transformers and the gptq extra
+OTHER_METHODS = ("awq (4-bit GEMM)", "compressed-tensors (pack-quantized W4A16)")  # engine.model.int4_checkpoint
 GPTQ_MODULES = ("optimum", "gptqmodel")  # transformers' GPTQ path needs both
 GPTQ_PIP = "pip install 'specexec-server[gptq]'"
 GPTQ_PIP_SOURCE = "pip install -e '.[gptq]'"
@@ -61,14 +62,23 @@ def missing_modules() -> list[str]:
 
 
 def check_loadable(path: str, config: dict) -> None:
-    """Raise CheckpointError unless this install can load `config`'s quantization."""
+    """Raise CheckpointError unless this install can load `config`'s quantization (AWQ and
+    compressed-tensors 4-bit need no extra: engine.model.int4_checkpoint)."""
+    from engine.model import int4_formats
+
     method = quant_method(config)
     if method is None:
         return
+    try:
+        if int4_formats.format_of(config) is not None:
+            return
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
     if method not in SUPPORTED_METHODS:
         hint = "; GPT-OSS runs from bf16 weights (a bf16 copy of the checkpoint)" if method == "mxfp4" else ""
         raise CheckpointError(
-            f"{path}: quantization method {method!r} is not supported; supported: {', '.join(SUPPORTED_METHODS)}{hint}"
+            f"{path}: quantization method {method!r} is not supported; supported: "
+            f"{', '.join((*SUPPORTED_METHODS, *OTHER_METHODS))}{hint}"
         )
     missing = missing_modules()
     if missing:
@@ -93,7 +103,8 @@ def load_kwargs(config: dict) -> dict:
 
 def quantized_modules(module: nn.Module) -> dict[str, nn.Module]:
     """Submodules (by name relative to `module`) that hold packed quantized weights."""
-    return {name: sub for name, sub in module.named_modules() if getattr(sub, "qweight", None) is not None}
+    return {name: sub for name, sub in module.named_modules()
+            if getattr(sub, "qweight", None) is not None and not getattr(sub, "file_packed", False)}
 
 
 def unregistered_tensors(module: nn.Module) -> list[str]:
@@ -160,15 +171,12 @@ def int4_refusals(model: nn.Module, compute_device: torch.device) -> list[str]:
 def select_kernel(model: nn.Module, requested: str, compute_device: torch.device) -> str:
     """Run `model`'s quantized layers (made streamable) on the int4 kernel or keep the dequantize one;
     returns the kernel chosen. requested: int4 (ConfigError where it cannot run), dequantize, or auto
-    (int4 where it can run on CPU)."""
+    (int4 where it can run)."""
     from engine.model import gptq_int4
 
     if requested == "dequantize":
         return "dequantize"
-    reasons = []
-    if requested == "auto" and compute_device.type != "cpu":
-        reasons.append("auto picks int4 on CPU only (the CUDA kernel is not yet checked on a GPU; --gptq-kernel int4)")
-    reasons += int4_refusals(model, compute_device)
+    reasons = int4_refusals(model, compute_device)
     if reasons and requested == "int4":
         raise ConfigError("model.gptq_kernel", f"the int4 kernel cannot run this checkpoint: {'; '.join(reasons[:3])}; "
                           "use --gptq-kernel dequantize (or auto)")

@@ -9,15 +9,24 @@ and `aten._weight_int4pack_mm_for_cpu` multiply bf16 activations by 4-bit weight
 packed layout, grouped along the input dimension, dequantised as (q - 8) * scale + zero.
 
 GPTQ stores w[k, n] = scale[g(k), n] * (q[k, n] - z[g(k), n]) with q packed eight per int32 along k
-(qweight [K / 8, N]) and g(k) = g_idx[k]. The repack, once at load, per module:
+(qweight [K / 8, N]) and g(k) = g_idx[k]. The repack, once at load, per module (on the compute device):
 - act-order (g_idx not k // group_size): sort the input rows by group (`perm`); the activations are
   gathered the same way on every call, x[:, perm] @ W[perm] = x @ W;
-- q transposed to [N, K] and packed by torch's converter for the compute device's kernel;
+- q transposed to [N, K]: on CPU packed by torch's converter for the CPU kernel; on CUDA kept as
+  nibble pairs [N, K / 2] uint8 (even k in the high nibble, torchao's byte order);
 - scales_and_zeros [K / group_size, N, 2] bf16: (scale, scale * (8 - z)).
 The results are registered buffers (packed, scales_and_zeros, perm, bias), so the module streams
 like any layer: 4-bit weights, 0.5 byte each, plus 4 bytes of scale and zero per group and column.
 The disk source reads the checkpoint's own packing, which this kernel cannot use, so a target
 streamed from disk keeps the dequantize kernel.
+
+On CUDA the kernel is chosen per call by its rows (measured on an H100 with 70B-shaped layers,
+docs/bench/gpu.md, 2026-11-27): tinygemm's cost grows with the rows (one layer's seven matrices, the
+layout conversion included: 0.9 ms at 1 row, 4.4 at 64, 15.6 at 257, 59 at 1025), so a call of up to
+TINYGEMM_MAX_ROWS rows converts the nibbles to tinygemm's tiled layout on the device (about 0.5 ms a
+layer) and runs tinygemm; a larger call dequantizes the matrix to bf16 once ((q - 8) x scale + zero,
+as tinygemm computes it) and runs one dense matmul, whose cost hardly grows with the rows (8.8 ms a
+layer at 1 to 257 rows, 10.3 at 1025, 12.9 at 2049, most of it the dequantization).
 
 Activations are cast to bf16 and the products come back in bf16 (the kernels' only fast path on CPU:
 0.44 ms against 31 ms with fp32 activations for a 1024 x 8192 matrix at one token here), then cast to
@@ -34,6 +43,8 @@ GROUP_SIZES = (32, 64, 128, 256)  # what the kernels accept
 CPU_N_MULTIPLE = 16  # the CPU converter's rows per block
 CUDA_INNER_K_TILES = 8  # tinygemm: K must be a multiple of 16 x this
 CPU_INNER_K_TILES = 2  # ignored by the CPU layout, required by the signature
+TINYGEMM_MAX_ROWS = 128  # CUDA: calls of up to this many rows run tinygemm, larger ones dequantize once
+DEQUANT_BYTES_PER_WEIGHT = 5  # CUDA dequantize path's scratch: uint8 values, bf16 (q - 8), bf16 weight
 
 
 def unpack_rows(packed: torch.Tensor, bits: int = 4) -> torch.Tensor:
@@ -75,13 +86,30 @@ def applies(module: nn.Module, compute_device: torch.device) -> str | None:
     return None
 
 
+def nibble_pairs(values: torch.Tensor) -> torch.Tensor:
+    """[N, K] int32 4-bit values -> [N, K / 2] uint8, even k in the high nibble (torchao's byte order)."""
+    values = values.contiguous()  # a transposed view's elementwise results would keep its strides
+    return (values[:, ::2] << 4 | values[:, 1::2]).to(torch.uint8).contiguous()
+
+
 def pack_for(values: torch.Tensor, compute_device: torch.device) -> torch.Tensor:
-    """[N, K] int32 4-bit values -> the kernel's packed layout for `compute_device` (on the host)."""
+    """[N, K] int32 4-bit values (on `compute_device`) -> what Int4Linear keeps for that device's kernels,
+    on the host: the CPU kernel's packed layout (its converter needs contiguous input), or CUDA's
+    nibble pairs (converted to tinygemm's layout per call, on the device)."""
     if compute_device.type == "cpu":
         return torch.ops.aten._convert_weight_to_int4pack_for_cpu(values.contiguous(), CPU_INNER_K_TILES)
-    pairs = (values[:, ::2] << 4 | values[:, 1::2]).to(torch.uint8)  # CUDA-only: torchao's byte order
-    packed = torch.ops.aten._convert_weight_to_int4pack(pairs.to(compute_device), CUDA_INNER_K_TILES)
-    return packed.cpu()
+    return nibble_pairs(values).cpu()  # CUDA-only
+
+
+def dequantized(nibbles: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[N, K / 2] uint8 nibble pairs and [K / group, N, 2] (scale, zero) -> the [N, K] bf16 weight,
+    (q - 8) x scale + zero rounded once, as tinygemm dequantizes."""
+    n = nibbles.shape[0]
+    q = torch.stack((nibbles >> 4, nibbles & 15), dim=-1).view(n, -1, group_size)  # [N, K / group, group]
+    centered = q.to(torch.bfloat16).sub_(8)
+    scale, zero = scales_and_zeros.permute(1, 0, 2).unbind(-1)  # [N, K / group] each
+    weight = torch.empty_like(centered)  # contiguous, whatever the broadcast operands' strides
+    return torch.addcmul(zero[..., None], centered, scale[..., None], out=weight).view(n, -1)
 
 
 class Int4Linear(nn.Module):
@@ -92,7 +120,7 @@ class Int4Linear(nn.Module):
                  bias: torch.Tensor | None):
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
-        self.kernel_device = kernel_device  # "cpu" or "cuda": whose layout `packed` has
+        self.kernel_device = kernel_device  # "cpu": the CPU kernel's layout; "cuda": [N, K / 2] nibble pairs
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K / group, N, 2] bf16
         self.register_buffer("perm", perm)  # [K] int64 input order by group (act-order), or None
@@ -102,12 +130,14 @@ class Int4Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.perm is not None:
             rows = rows.index_select(1, self.perm)
+        rows = rows.to(torch.bfloat16)
         if self.kernel_device == "cpu":
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                rows.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
+        elif rows.shape[0] <= TINYGEMM_MAX_ROWS:  # CUDA-only
+            tiled = torch.ops.aten._convert_weight_to_int4pack(self.packed, CUDA_INNER_K_TILES)
+            out = torch.ops.aten._weight_int4pack_mm(rows, tiled, self.group_size, self.scales_and_zeros)
         else:  # CUDA-only
-            out = torch.ops.aten._weight_int4pack_mm(
-                rows.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
+            out = rows @ dequantized(self.packed, self.scales_and_zeros, self.group_size).T
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
@@ -115,22 +145,37 @@ class Int4Linear(nn.Module):
 
 
 def from_gptq(module: nn.Module, compute_device: torch.device) -> Int4Linear:
-    """The int4 form of a loaded gptqmodel quantized linear (its checks passed: `applies`)."""
-    k, n, group = module.in_features, module.out_features, module.group_size
-    q = unpack_rows(module.qweight.cpu())[:k]  # [K, N]
-    zeros = unpack_cols(module.qzeros.cpu())[:, :n]  # [K / group, N]
+    """The int4 form of a loaded gptqmodel quantized linear (its checks passed: `applies`). The repack
+    runs on `compute_device` (milliseconds per matrix on a GPU; ~90 ns per weight on one CPU thread);
+    the module's tensors come back on the device the quantized module was on (the host, to stream)."""
+    k, n = module.in_features, module.out_features
+    q = unpack_rows(module.qweight.to(compute_device))[:k]  # [K, N]
+    zeros = unpack_cols(module.qzeros.to(compute_device))[:, :n]  # [K / group, N]
     if module.qzero_format() == 1:  # zero points stored minus one (the v1 file form)
         zeros = zeros + 1
-    g_idx = module.g_idx.long().cpu()
+    bias = module.bias.detach() if getattr(module, "bias", None) is not None else None
+    return from_values(q.T, zeros.T, module.scales.to(compute_device).T, module.g_idx.to(compute_device),
+                       module.group_size, bias, compute_device, module.qweight.device)
+
+
+def from_values(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
+                group: int, bias: torch.Tensor | None, compute_device: torch.device, home: torch.device) -> Int4Linear:
+    """The int4 form of w[n, k] = scales[n, g(k)] * (q[n, k] - zeros[n, g(k)]), g(k) = g_idx[k] or
+    k // group: q [N, K] and zeros [N, K / group] unsigned 4-bit values, scales [N, K / group], all on
+    `compute_device`, where the repack runs; the buffers come back on `home`."""
+    n, k = q.shape
+    q = q.to(torch.int32)
+    g_idx = torch.arange(k, device=compute_device) // group if g_idx is None else g_idx.to(compute_device, torch.long)
     perm = None
-    if not torch.equal(g_idx, torch.arange(k) // group):
+    if not torch.equal(g_idx, torch.arange(k, device=compute_device) // group):
         perm = torch.argsort(g_idx, stable=True)
-        q = q[perm]
-    scales = module.scales.cpu().float()  # [K / group, N]
-    scales_and_zeros = torch.stack([scales, scales * (8 - zeros.float())], dim=-1).to(torch.bfloat16)
-    bias = module.bias.detach().cpu() if getattr(module, "bias", None) is not None else None
-    return Int4Linear(k, n, group, compute_device.type, pack_for(q.T, compute_device), scales_and_zeros,
-                      perm, bias).to(module.qweight.device)
+        q = q[:, perm]
+    scales = scales.to(compute_device, torch.float32).T  # [K / group, N]
+    zeros = zeros.to(compute_device, torch.float32).T
+    scales_and_zeros = torch.stack([scales, scales * (8 - zeros)], dim=-1).to(torch.bfloat16)
+    packed = pack_for(q, compute_device)  # on the host
+    return Int4Linear(k, n, group, compute_device.type, packed.to(home), scales_and_zeros.to(home),
+                      None if perm is None else perm.to(home), None if bias is None else bias.to(home))
 
 
 def replace_with_int4(layers: list[nn.Module], quantized: list[dict[str, nn.Module]], compute_device: torch.device) -> int:

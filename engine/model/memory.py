@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import EngineConfig, SpeculationConfig
-from engine.model import gptq, memory_plan
+from engine.model import gptq, gptq_int4, memory_plan
 from engine.model.config_shapes import DEQUANT_BYTES_PER_WEIGHT
 from engine.model.runner import DecoderRunner
 from engine.offload.ram_store import host_memory_available
@@ -24,11 +24,22 @@ def streamed_layers(runner: DecoderRunner) -> tuple[list[int], list[torch.Tensor
 
 def free_device_memory(device: torch.device) -> int:
     """Bytes `device` can still allocate: CUDA's free memory plus what PyTorch's caching allocator
-    holds unused; on CPU the host's available memory."""
+    holds unused, and under a per-process memory fraction (torch.cuda.set_per_process_memory_fraction,
+    which mem_get_info ignores) no more than the cap minus what is allocated; on CPU the host's
+    available memory."""
     if device.type == "cuda":  # CUDA-only
-        free, _total = torch.cuda.mem_get_info(device)
-        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        free, total = torch.cuda.mem_get_info(device)
+        allocated = torch.cuda.memory_allocated(device)
+        available = free + torch.cuda.memory_reserved(device) - allocated
+        return min(available, int(memory_fraction(device) * total) - allocated)
     return host_memory_available()
+
+
+def memory_fraction(device: torch.device) -> float:
+    """The caching allocator's per-process cap as a fraction of the device's memory (1.0: none set;
+    torch releases without the getter: taken as none)."""
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # CUDA-only
+    return 1.0 if getter is None else float(getter(device))
 
 
 def plan_inputs(
@@ -58,14 +69,24 @@ def plan_inputs(
 
 
 def dequant_scratch_bytes(runner: DecoderRunner | None) -> int:
-    """Device bytes gptqmodel's dequantize kernel makes on each call of the runner's largest quantized
-    matrix: an int8 unpack and three [in, out] fp16 temporaries (DEQUANT_BYTES_PER_WEIGHT per weight;
-    gptqmodel 7.6's torch path). 0 for unquantized layers and the int4 kernel, which makes none."""
+    """Device bytes a call of the runner's largest quantized matrix makes: gptqmodel's dequantize kernel
+    an int8 unpack and three [in, out] fp16 temporaries (DEQUANT_BYTES_PER_WEIGHT per weight; gptqmodel
+    7.6's torch path); the int4 kernel on CUDA its dequantized bf16 weight for calls of many rows
+    (gptq_int4.DEQUANT_BYTES_PER_WEIGHT); AWQ and compressed-tensors maps on the dequantize kernel their
+    weight at the model dtype and a float32 chunk (counted as gptqmodel's, an upper bound); 0 for
+    unquantized layers and the int4 kernel on CPU."""
     if runner is None:
         return 0
-    largest = max((sub.in_features * sub.out_features for layer in runner.hf_layers
-                   for sub in gptq.quantized_modules(layer).values()), default=0)
-    return largest * DEQUANT_BYTES_PER_WEIGHT
+    largest = 0
+    for layer in runner.hf_layers:
+        for sub in gptq.quantized_modules(layer).values():
+            largest = max(largest, sub.in_features * sub.out_features * DEQUANT_BYTES_PER_WEIGHT)
+        for sub in layer.modules():
+            if getattr(sub, "file_packed", False):  # AWQ / compressed-tensors on the dequantize kernel: at most
+                largest = max(largest, sub.in_features * sub.out_features * DEQUANT_BYTES_PER_WEIGHT)
+            if isinstance(sub, gptq_int4.Int4Linear) and sub.kernel_device == "cuda":
+                largest = max(largest, sub.in_features * sub.out_features * gptq_int4.DEQUANT_BYTES_PER_WEIGHT)
+    return largest
 
 
 def weights_do_not_fit(config: EngineConfig, message: str) -> ConfigError:

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.model import config_shapes, memory, memory_plan
+from engine.model import config_shapes, gptq_int4, memory, memory_plan
 from engine.model.pair import max_context_for
 from engine.offload.build import plan_resident
 from engine.speculation.budget import BudgetTracker
@@ -56,11 +56,18 @@ def load_dtype(config: EngineConfig, target: dict) -> str:
 
 
 def gptq_kernels(config: EngineConfig) -> tuple[str, str]:
-    """The GPTQ kernel of target and draft on CUDA (gptq.select_kernel: auto is dequantize there, and
-    a target streamed from disk always is)."""
+    """The GPTQ kernel of target and draft on CUDA (gptq.select_kernel: auto is int4 where it applies;
+    a target streamed from disk is always dequantize)."""
     asked = config.model.gptq_kernel
-    target = "int4" if asked == "int4" and not (config.offload.enabled and config.offload.source == "disk") else "dequantize"
-    return target, "int4" if asked == "int4" else "dequantize"
+    int4 = asked in ("int4", "auto")
+    target = "int4" if int4 and not (config.offload.enabled and config.offload.source == "disk") else "dequantize"
+    return target, "int4" if int4 else "dequantize"
+
+
+def scratch_bytes_per_weight(kernel: str) -> int:
+    """Device scratch per weight of a quantized matrix's call: gptqmodel's dequantize kernel, or the int4
+    kernel's dequantized bf16 weight for calls of many rows (engine.model.gptq_int4)."""
+    return config_shapes.DEQUANT_BYTES_PER_WEIGHT if kernel == "dequantize" else gptq_int4.DEQUANT_BYTES_PER_WEIGHT
 
 
 def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
@@ -85,7 +92,7 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
     }
     if draft is not None:
         loaded["draft weights"] = draft.total
-    scratch = [m for m, kernel in ((target, target_kernel), (draft, draft_kernel)) if m and kernel == "dequantize"]
+    scratch = [(m, kernel) for m, kernel in ((target, target_kernel), (draft, draft_kernel)) if m and m.largest_matrix]
     budget = config.speculation.budget if isinstance(config.speculation.budget, int) else BudgetTracker().max_budget
     inputs = memory_plan.PlanInputs(
         target=config_shapes.shape_from_config(target_cfg, dtype_bytes),
@@ -101,7 +108,7 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
         reserve_bytes=memory_plan.CUDA_RESERVE_BYTES,
         max_running=config.limits.max_running,
         kv_slots=config.limits.max_running,
-        dequant_scratch_bytes=max((m.largest_matrix * config_shapes.DEQUANT_BYTES_PER_WEIGHT for m in scratch), default=0),
+        dequant_scratch_bytes=max((m.largest_matrix * scratch_bytes_per_weight(kernel) for m, kernel in scratch), default=0),
     )
     return size_slots(config, inputs, total_bytes - CUDA_CONTEXT_BYTES, num_resident, target.num_layers,
                       (target_source, draft_source))

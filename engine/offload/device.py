@@ -61,25 +61,76 @@ class PhaseClock:
         return [begin.elapsed_time(end) / 1000 for begin, end in pairwise(self._events)]
 
 
-class SideStream:
-    """Work beside the current stream (the draft while the target's pass runs in another thread): on
-    CUDA a stream of its own, ordered after what the current stream queued before, and the current
-    stream after it when done; on CPU the work simply runs (another thread computes beside it)."""
+class PassStreams:
+    """Where an overlapped step's work runs (CUDA): the target pass on a stream of its own, the draft's
+    extensions on a higher-priority stream beside it, both ordered after what the current (main)
+    stream queued before `begin` (the trees, the pass's inputs), and the main stream after both at
+    `join`. The draft's host syncs (data-dependent shapes) then wait for the draft's own work only,
+    never for the pass. CPU: no streams; the pass's thread and the draft compute side by side.
+
+    Tensors crossing streams: the pass's inputs and the draft's are allocated on the main stream and
+    kept alive by the caller until `join` (the main stream then waits for their readers before the
+    allocator can hand their blocks out again); the pass's outputs are marked used by the main stream
+    (`hand_over`)."""
+
+    DRAFT_PRIORITY = -1  # lower is sooner; CUDA maps it into the device's range
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # CUDA-only
+        self.cuda = device.type == "cuda"
+        if self.cuda:  # CUDA-only
+            self.target = torch.cuda.Stream(device)
+            self.draft = torch.cuda.Stream(device, priority=self.DRAFT_PRIORITY)
+
+    def begin(self) -> None:
+        """Order both streams after the work queued so far on the current stream."""
+        if self.cuda:  # CUDA-only
+            current = torch.cuda.current_stream(self.device)
+            self.target.wait_stream(current)
+            self.draft.wait_stream(current)
 
     @contextmanager
-    def run(self) -> Iterator[None]:
-        if self.stream is None:
+    def on_target(self) -> Iterator[None]:
+        """The pass's stream (entered in the pass's own thread: the current stream is per thread)."""
+        if not self.cuda:
             yield
             return
-        current = torch.cuda.current_stream(self.device)  # CUDA-only from here
-        self.stream.wait_stream(current)
-        with torch.cuda.stream(self.stream):
+        torch.cuda.set_device(self.device)  # CUDA-only from here
+        with torch.cuda.stream(self.target):
             yield
-        current.wait_stream(self.stream)
+
+    @contextmanager
+    def on_draft(self) -> Iterator[None]:
+        if not self.cuda:
+            yield
+            return
+        with torch.cuda.stream(self.draft):  # CUDA-only
+            yield
+
+    def target_done_event(self) -> torch.cuda.Event | None:
+        """An event recorded after everything queued on the target stream (call in the pass's thread
+        once the pass is queued); None on CPU, where the pass is done when its call returns."""
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()  # CUDA-only
+        event.record(self.target)
+        return event
+
+    def join(self) -> None:
+        """The current stream waits for the pass and the draft (also after a failure: every later use
+        of their tensors is ordered after them)."""
+        if self.cuda:  # CUDA-only
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self.target)
+            current.wait_stream(self.draft)
+
+    def hand_over(self, tensors: list[torch.Tensor]) -> None:
+        """Mark tensors made on the target stream as used by the current stream too, so their blocks
+        are not reused before the current stream's work on them is done."""
+        if self.cuda:  # CUDA-only
+            current = torch.cuda.current_stream(self.device)
+            for tensor in tensors:
+                tensor.record_stream(current)
 
 
 PAGE = 4096  # bytes; direct (O_DIRECT) reads need block-aligned buffers, offsets and lengths

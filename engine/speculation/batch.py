@@ -4,7 +4,7 @@ all of them), score every tree in ONE target pass, verify each.
 The pass is `DecoderRunner.forward_groups`: joining sequences' prompt slices come first (one group
 per chunk, causal), then one group holding every tree (each over its own cache, slots and positions,
 masked to its prefix and its own ancestors), so a streamed target loads each layer once per step
-however many sequences run. With a `SideStream` the pass runs in a thread of its own while the draft
+however many sequences run. With `PassStreams` the pass runs in a thread of its own while the draft
 grows the trees on (engine.speculation.overlap). Verification and commit are per sequence, with its
 own generator; an error in one sequence's tree or verification fails that sequence alone.
 """
@@ -18,7 +18,7 @@ import torch
 
 from engine.model.faults import request_error
 from engine.model.runner import DecoderRunner, Segment, prefill_groups
-from engine.offload.device import PhaseClock, SideStream
+from engine.offload.device import PassStreams, PhaseClock
 from engine.speculation.drafter import Growth, run_growths
 from engine.speculation.overlap import BackgroundPass
 from engine.speculation.step import (
@@ -49,6 +49,18 @@ class BatchResult:
     target_seconds: float  # the pass (the draft's extensions ran beside it)
     overlap_seconds: float  # the draft's extensions, within target_seconds
     step_seconds: float
+    extension_forwards: int = 0  # draft passes the extensions ran beside the target pass
+
+
+@dataclass
+class Extended:
+    """What the draft did beside a step's target pass (overlap)."""
+
+    forwards: int = 0  # draft passes of the extensions
+    seconds: float = 0.0  # host time from the pass's start until the extensions stopped
+
+    def count(self) -> None:
+        self.forwards += 1
 
 
 @dataclass
@@ -105,37 +117,46 @@ def grow_trees(items: list[BatchItem]) -> list[Tree | None | Exception]:
 
 
 def score_trees(
-    target: DecoderRunner, items: list[BatchItem], trees: list[Tree | None], side: SideStream | None
-) -> tuple[list[torch.Tensor | None], list[Tree | None], float]:
+    target: DecoderRunner, items: list[BatchItem], trees: list[Tree | None], streams: PassStreams | None
+) -> tuple[list[torch.Tensor | None], list[Tree | None], Extended]:
     """ONE target pass over every item's prompt slice and tree: each tree's [n_i, vocab] logits (None
-    without a tree). With `side`, the draft grows each SpecExec tree on while the pass runs: those
-    extensions, and the seconds the draft spent on them."""
+    without a tree). With `streams`, the draft grows each SpecExec tree on while the pass runs (a
+    thread of its own; CUDA: the target and draft streams): those extensions, and what they cost."""
     groups = pass_groups(items, trees)
     grown: list[Tree | None] = [None] * len(items)
     extendable = [index for index, (item, tree) in enumerate(zip(items, trees, strict=True))
-                  if side is not None and tree is not None and can_extend(item.ctx, tree)]
-    seconds = 0.0
-    if extendable:
-        background = BackgroundPass(lambda: target.forward_groups(groups), target.device)
-        begin = time.perf_counter()
+                  if streams is not None and tree is not None and can_extend(item.ctx, tree)]
+    extended = Extended()
+    if not extendable:
+        outputs = target.forward_groups(groups) if groups else []
+    else:
+        assert streams is not None
+        background: BackgroundPass | None = None
+        # set up before the pass is queued: the extensions' first host syncs wait for the draft alone
         growths = [(items[index].ctx.drafter.runner,
-                    extension_growth(items[index].ctx, items[index].seq, trees[index], background.done))  # type: ignore[arg-type]
+                    extension_growth(items[index].ctx, items[index].seq, trees[index],  # type: ignore[arg-type]
+                                     lambda: background is not None and background.done()))
                    for index in extendable]
+        streams.begin()
+        begin = time.perf_counter()
         try:
-            with side.run():  # type: ignore[union-attr]
-                outcomes = run_growths(growths)
+            background = BackgroundPass(lambda: target.forward_groups(groups), streams)
+            with streams.on_draft():
+                outcomes = run_growths(growths, on_pass=extended.count)
         finally:
-            seconds = time.perf_counter() - begin
-            outputs = background.result()  # the pass has ended before the step goes on, or raises
+            extended.seconds = time.perf_counter() - begin
+            try:
+                outputs = background.result() if background is not None else []  # the pass ended, or raises
+            finally:
+                streams.join()
+        streams.hand_over([part for group in outputs for part in group if part is not None])
         for index, outcome in zip(extendable, outcomes, strict=True):
             grown[index] = None if isinstance(outcome, Exception) else outcome  # only a proposal: drop it
-    else:
-        outputs = target.forward_groups(groups) if groups else []
     tree_logits = iter(outputs[-1] if any(tree is not None for tree in trees) else [])
-    return [next(tree_logits) if tree is not None else None for tree in trees], grown, seconds
+    return [next(tree_logits) if tree is not None else None for tree in trees], grown, extended
 
 
-def run_batch(target: DecoderRunner, items: list[BatchItem], side: SideStream | None = None) -> BatchResult:
+def run_batch(target: DecoderRunner, items: list[BatchItem], streams: PassStreams | None = None) -> BatchResult:
     """Append each decoding sequence's step tokens (accepted path + bonus); returns them and per-sequence
     stats, None for a sequence that only prefilled, or the exception that failed that sequence alone.
     A failing target pass raises (every sequence in it fails)."""
@@ -149,7 +170,7 @@ def run_batch(target: DecoderRunner, items: list[BatchItem], side: SideStream | 
     trees: list[Tree | None] = [outcomes[index] for index in live]  # type: ignore[misc]
     pass_items = [items[index] for index in live]
     pass_tokens = sum(len(item.prefill_ids) for item in pass_items) + sum(t.num_nodes for t in trees if t is not None)
-    logits, grown, overlap_seconds = score_trees(target, pass_items, trees, side)
+    logits, grown, extended = score_trees(target, pass_items, trees, streams)
     clock.mark()
     results: list[ItemResult] = list(outcomes)  # type: ignore[arg-type]  # exceptions stay; the rest is set below
     for index, item, tree, part, extension in zip(live, pass_items, trees, logits, grown, strict=True):
@@ -176,6 +197,8 @@ def run_batch(target: DecoderRunner, items: list[BatchItem], side: SideStream | 
             batch_size=len(pass_items),
             pass_tokens=pass_tokens,
             expected_accepted=item.seq.expected_accepted,
-            overlap_seconds=overlap_seconds,
+            overlap_seconds=extended.seconds,
+            extension_forwards=extended.forwards,
         ))
-    return BatchResult(results, pass_tokens, draft_seconds, target_seconds, overlap_seconds, step_seconds)
+    return BatchResult(results, pass_tokens, draft_seconds, target_seconds, extended.seconds, step_seconds,
+                       extended.forwards)

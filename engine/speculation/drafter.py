@@ -126,12 +126,14 @@ def root_tree(root_id: int, root_slot: int, device: torch.device) -> Tree:
     tree.draft_slots[0] = root_slot
     return tree
 
-def run_growths(growths: list[tuple[DecoderRunner | None, Growth]]) -> list[Tree | Exception]:
+def run_growths(
+    growths: list[tuple[DecoderRunner | None, Growth]], on_pass: Callable[[], None] | None = None
+) -> list[Tree | Exception]:
     """Advance every (runner, growth) in lockstep; returns their trees. Each round, the forwards the
     growths ask for run as one draft pass per runner, one segment each over its own cache (dense work
     shared, attention per segment). A growth that asks for none (runner may then be None) just returns.
     A growth that raises ends with its exception in its place (a device fault is raised: the engine's);
-    the others go on. A failing draft pass raises."""
+    the others go on. A failing draft pass raises. `on_pass` is called after each draft pass."""
     trees: list[Tree | Exception | None] = [None] * len(growths)
     asks: dict[int, Segment] = {}
 
@@ -151,6 +153,8 @@ def run_growths(growths: list[tuple[DecoderRunner | None, Growth]]) -> list[Tree
             assert runner is not None, "a growth asked for a draft forward without a runner"
             mine = [i for i in pending if growths[i][0] is runner]
             outputs = runner.forward_groups([[asks.pop(i) for i in mine]])[0]
+            if on_pass is not None:
+                on_pass()
             for index, logits in zip(mine, outputs, strict=True):
                 advance(index, logits)
     assert all(tree is not None for tree in trees)

@@ -43,9 +43,10 @@ if TYPE_CHECKING:
     import xgrammar
 
 GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept per engine
-# Whitespace characters allowed between JSON elements: room for pretty-printing, but a model cannot
-# stall a request in an endless run of spaces.
+# Whitespace characters allowed between JSON elements with json_whitespace "free": room for
+# pretty-printing, but a model cannot stall a request in an endless run of spaces.
 MAX_JSON_WHITESPACE = 16
+JSON_SEPARATORS = (", ", ": ")  # json_whitespace "compact": as json.dumps and chat templates' tojson print JSON
 ALL_TOKENS = -1  # a packed word with every bit set
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # xgrammar's "[hh:mm:ss] file.cc:line: " prefix
 
@@ -210,9 +211,12 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int
 def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> xgrammar.CompiledGrammar:
     """json_object: any JSON object; json_schema: strict mode (no properties or items the schema does
     not name, as OpenAI's strict schemas require; every such output is valid under the schema);
-    structural_tag: as given (its JSON schemas say their own whitespace and strictness), each of its JSON
-    schemas checked and rewritten as a json_schema spec is (engine/speculation/schema_support.py)."""
-    json_format = {"any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    structural_tag: as given, each of its JSON schemas checked and rewritten as a json_schema spec is
+    (engine/speculation/schema_support.py). JSON whitespace as `spec.json_whitespace` says: compact (a
+    structural tag's JSON schemas become grammars of compact JSON) or free."""
+    compact = spec.json_whitespace == "compact"
+    json_format = {"any_whitespace": False, "separators": JSON_SEPARATORS} if compact else {
+        "any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
     try:
         if spec.kind == "json_object":
             return compiler.compile_json_schema('{"type": "object"}', strict_mode=False, **json_format)
@@ -220,12 +224,29 @@ def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> 
             schema = enforceable(json.loads(spec.spec))  # not JSON: a clearer message than the compiler's
             return compiler.compile_json_schema(json.dumps(schema), strict_mode=True, **json_format)
         if spec.kind == "structural_tag":
-            return compiler.compile_structural_tag(json.dumps(enforceable_tag(json.loads(spec.spec))))
+            tag = enforceable_tag(json.loads(spec.spec))
+            return compiler.compile_structural_tag(json.dumps(compact_json_tag(tag) if compact else tag))
         return compiler.compile_regex(spec.spec)
     except StructuredOutputError:
         raise
     except (RuntimeError, ValueError) as exc:
         raise compile_error(spec, exc) from None
+
+
+def compact_json_tag(tag: Any) -> Any:
+    """A parsed structural tag with each of its JSON schemas (strict, as the tag's own are) as the grammar
+    of compact JSON under that schema: the tag format has no whitespace setting of its own."""
+    import xgrammar
+
+    if isinstance(tag, list):
+        return [compact_json_tag(value) for value in tag]
+    if not isinstance(tag, dict):
+        return tag
+    if tag.get("type") == "json_schema" and "json_schema" in tag:
+        grammar = xgrammar.Grammar.from_json_schema(json.dumps(tag["json_schema"]), any_whitespace=False,
+                                                    separators=JSON_SEPARATORS, strict_mode=True)
+        return {"type": "grammar", "grammar": str(grammar)}
+    return {key: compact_json_tag(value) for key, value in tag.items()}
 
 
 class GrammarState:
@@ -240,6 +261,7 @@ class GrammarState:
         self.device = device
         self.num_consumed = 0  # tokens of the last `accept` the grammar took (all, unless it ended)
         self._rows: dict[tuple[int, ...], torch.Tensor] = {}  # path below the root -> [words] int32, this step
+        self._dead_ends: set[tuple[int, ...]] = set()  # paths (this step) after which the grammar allows nothing
 
     @property
     def terminated(self) -> bool:
@@ -252,17 +274,17 @@ class GrammarState:
         if self.terminated:
             return
         self._fill([()] if () not in self._rows else [])
-        if not bool(self._rows[()].any()):
-            raise StructuredOutputError(
-                "the structured output's grammar allows no token here: its language is empty (e.g. a "
-                "schema that only refers to itself, or a regex that matches nothing)"
-            )
+        if () in self._dead_ends:
+            raise dead_end()
 
     def bitmask(self, tree: Tree, nodes: torch.Tensor | None = None) -> torch.Tensor:
         """[k, ceil(vocab / 32)] int32 on the device: the packed masks of the tokens the grammar allows
         after each of `nodes` ([k] node indices; None: every node), from each node's own path. A node
         whose path the grammar rejects, or completes with its stop token, allows every token (it is
-        never reached, or its row is never used). One host sync (the tree's ids and parents)."""
+        never reached, or its row is never used); so does a dead end, a path after which the grammar
+        allows nothing (a language empty past a first token, such as a string pattern that matches
+        nothing): no distribution is emptied, and a token committed there is refused by `accept` with
+        a StructuredOutputError. One host sync (the tree's ids and parents)."""
         num_nodes = tree.num_nodes
         parts = [tree.token_ids, tree.parents] if nodes is None else [tree.token_ids, tree.parents, nodes]
         host = torch.cat(parts).tolist()
@@ -299,6 +321,9 @@ class GrammarState:
                 accepted.append(token)
             if len(accepted) == len(key) and not self.matcher.is_terminated():
                 self.matcher.fill_next_token_bitmask(buffer, row)
+                if not bool(buffer[row].any()):
+                    self._dead_ends.add(key)
+                    buffer[row] = ALL_TOKENS
             self._rows[key] = buffer[row]
         if accepted:
             self.matcher.rollback(len(accepted))
@@ -306,12 +331,21 @@ class GrammarState:
     def accept(self, new_ids: Sequence[int]) -> int:
         """Advance past a step's committed tokens; returns (and keeps in num_consumed) how many the
         grammar took: all, or up to and including the one that completed it."""
+        dead_ends, self._dead_ends = self._dead_ends, set()
         self._rows.clear()
         self.num_consumed = len(new_ids)
         for index, token in enumerate(new_ids):
             if self.matcher.is_terminated():
                 self.num_consumed = index
                 break
-            accepted = self.matcher.accept_token(token)
-            assert accepted, f"committed token {token} is outside the grammar (verification masks every node)"
+            if not self.matcher.accept_token(token):
+                if tuple(new_ids[:index]) in dead_ends:
+                    raise dead_end()
+                raise AssertionError(f"committed token {token} is outside the grammar (verification masks every node)")
         return self.num_consumed
+
+
+def dead_end() -> StructuredOutputError:
+    return StructuredOutputError(
+        "the structured output's grammar allows no token here: its language is empty (e.g. a schema that only "
+        "refers to itself, a regex that matches nothing, or a string pattern that matches nothing)")

@@ -1,8 +1,9 @@
 """Overlap: the draft keeps growing while the target scores the step's trees.
 
     trees = grow every tree (serial; a seeded tree needs few draft forwards)
-    pass = BackgroundPass(target pass over the trees)      # another thread; the draft on its own stream
-    extensions = go on growing each tree, best-first, until the pass is done
+    extensions = each tree's growth set up (host syncs here, before the pass is queued)
+    pass = BackgroundPass(target pass over the trees)      # another thread; CUDA: the target stream
+    extensions = go on growing each tree, best-first, until the pass is done   # CUDA: the draft stream
     logits = pass.result(); verify each tree
     commit: the accepted path's draft KV (from the extension, which expanded more of it), and the
             extension's subtree under (last accepted node, bonus token) becomes the next step's seed
@@ -21,6 +22,7 @@ from typing import Generic, TypeVar
 import torch
 
 from engine.config import SpeculationConfig
+from engine.offload.device import PassStreams
 from engine.speculation.drafter import Drafter, GrowLimits, Growth, MaskFn
 from engine.speculation.specexec_growth import best_first_search, reoffer, scored_expand
 from engine.speculation.tree import Tree, subtree
@@ -32,29 +34,38 @@ SEEDED_FORWARDS = 2  # draft forwards a seeded tree gets before its pass (the re
 
 
 class BackgroundPass(Generic[T]):
-    """Runs `work` (the target pass) in a thread of its own; `done` is polled between draft forwards."""
+    """Runs `work` (the target pass) in a thread of its own, on the target stream of `streams`; `done`
+    is polled between draft forwards: true once the pass has finished (CUDA: an event recorded after
+    it on its stream has completed, not merely once it is queued)."""
 
-    def __init__(self, work: Callable[[], T], device: torch.device):
-        self._finished = threading.Event()
+    def __init__(self, work: Callable[[], T], streams: PassStreams):
+        self._streams = streams
+        self._queued = threading.Event()  # the thread has returned (its work queued, CPU: done)
+        self._end: torch.cuda.Event | None = None
         self._result: T | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(work, device), name="target-pass", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(work,), name="target-pass", daemon=True)
         self._thread.start()
 
-    def _run(self, work: Callable[[], T], device: torch.device) -> None:
+    def _run(self, work: Callable[[], T]) -> None:
         try:
-            if device.type == "cuda":
-                torch.cuda.set_device(device)
-            self._result = work()
+            with self._streams.on_target():
+                try:
+                    self._result = work()
+                finally:
+                    self._end = self._streams.target_done_event()
         except BaseException as exc:  # handed to result()'s caller
             self._error = exc
         finally:
-            self._finished.set()
+            self._queued.set()
 
     def done(self) -> bool:
-        return self._finished.is_set()
+        """Whether the pass has finished (no host sync: an event query)."""
+        return self._queued.is_set() and (self._end is None or self._end.query())
 
     def result(self) -> T:
+        """The pass's outputs once its thread has returned (the caller's stream must still wait for
+        the target stream: PassStreams.join). Raises what the pass raised."""
         self._thread.join()
         if self._error is not None:
             raise self._error

@@ -19,7 +19,10 @@ finish_reason "stop" and fails the schema. Sampling under compiled grammars and 
   `properties` does not declare (strict mode admits no other), a const or enum value its sibling
   keywords exclude;
 - broken: minLength / maxLength on strings let raw control characters into the string (invalid
-  JSON), and are ignored next to `pattern`.
+  JSON), and are ignored next to `pattern`;
+- infinite: a schema whose every value must hold another value of a schema that must hold one again
+  (`{"properties": {"child": {"$ref": "#"}}, "required": ["child"]}`) compiles, and the output runs to
+  max_tokens; it accepts no finite value.
 
 `enforceable(schema)` raises StructuredOutputError for each of these (other keywords, annotations and
 extensions alike, pass) and rewrites string lengths as the pattern `^[\s\S]{min,max}$`, which xgrammar
@@ -52,7 +55,13 @@ def enforceable(schema: Any) -> Any:
     lengths as patterns. StructuredOutputError naming the first keyword the grammar would not enforce,
     or the first part of the schema that accepts no value, with where it is (`properties.tags`)."""
     try:
-        _Walk(schema).visit(schema, "")
+        walk = _Walk(schema)
+        walk.visit(schema, "")
+        infinite = _infinite_refs(schema, walk.seen_refs)
+        if not _finite(schema, infinite):
+            raise empty("", "every value it accepts must hold another value of a schema that itself must hold one, "
+                        f"without end (through {', '.join(repr(ref) for ref in sorted(infinite))}): no finite JSON "
+                        "value is valid")
     except RecursionError:
         raise StructuredOutputError("the JSON schema is nested too deeply") from None
     return schema
@@ -193,6 +202,75 @@ class _Walk:
         target = _pointer(self.root, ref)
         if target is not None:
             self.visit(target, ref.lstrip("#/").replace("/", ".") or path)
+
+
+SCALAR_TYPES = frozenset({"null", "boolean", "number", "integer", "string"})
+
+
+def _infinite_refs(root: Any, refs: set[str]) -> set[str]:
+    """The references among `refs` whose schemas accept only infinitely deep values: the least fixpoint
+    (a reference is finite once its schema is, given the references already found finite)."""
+    infinite = set(refs)
+    changed = True
+    while changed:
+        changed = False
+        for ref in sorted(infinite):
+            target = _pointer(root, ref)
+            if target is None or _finite(target, infinite):
+                infinite.discard(ref)
+                changed = True
+    return infinite
+
+
+def _finite(node: Any, infinite: set[str]) -> bool:
+    """Whether `node` accepts some finite value, the references in `infinite` taken to accept none. True
+    whenever that cannot be told for sure (what xgrammar refuses, or keywords this does not weigh)."""
+    if isinstance(node, bool):
+        return node
+    if not isinstance(node, dict):
+        return True
+    dispatch = next((key for key in DISPATCH if key in node), None)
+    if dispatch == "$ref":
+        return node["$ref"] not in infinite if isinstance(node["$ref"], str) else True
+    if dispatch in ("anyOf", "oneOf", "allOf"):
+        branches = node[dispatch]
+        if not isinstance(branches, list) or not branches:
+            return True  # not a list, or empty: reported elsewhere
+        results = [_finite(branch, infinite) for branch in branches]
+        return all(results) if dispatch == "allOf" else any(results)
+    if dispatch is not None:  # const, enum: finite values
+        return True
+    types = node.get("type")
+    types = [types] if isinstance(types, str) else types if isinstance(types, list) else _implied_types(node)
+    if types is None or SCALAR_TYPES & set(types) or not {"object", "array"} & set(types):
+        return True
+    return ("object" in types and _finite_object(node, infinite)) or ("array" in types and _finite_array(node, infinite))
+
+
+def _implied_types(node: dict[str, Any]) -> list[str] | None:
+    """The type xgrammar gives a schema without `type` from its keywords (None: any, or not clear)."""
+    is_object, is_array = OBJECT_KEYWORDS & node.keys(), ARRAY_KEYWORDS & node.keys()
+    if is_object and not is_array:
+        return ["object"]
+    if is_array and not is_object:
+        return ["array"]
+    return None
+
+
+def _finite_object(node: dict[str, Any], infinite: set[str]) -> bool:
+    properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    required = node.get("required") if isinstance(node.get("required"), list) else []
+    return all(_finite(properties[name], infinite) for name in required if name in properties)
+
+
+def _finite_array(node: dict[str, Any], infinite: set[str]) -> bool:
+    needed = node.get("minItems", 0)
+    if not _is_integer(needed) or needed <= 0:
+        return True
+    prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else []
+    if not all(_finite(item, infinite) for item in prefix[: int(needed)]):
+        return False
+    return needed <= len(prefix) or _finite(node.get("items", True), infinite)
 
 
 def _lengths_as_pattern(node: dict[str, Any], path: str) -> None:

@@ -45,12 +45,14 @@ class OutputItems:
         self._call_items: dict[int, int] = {}  # tool-call index -> output index
 
     def feed(self, delta: Delta) -> list[Event]:
+        """Events of one delta; an item is done (its `.done` events sent) before the next one is added."""
         if delta.content is not None:
-            return self._content(delta.content) if delta.content else []
+            return self._close_calls() + self._content(delta.content) if delta.content else []
         assert delta.tool_call is not None
         entry = delta.tool_call
         events = self._close_message("completed")
         if "id" in entry:  # a call starts
+            events += self._close_calls()
             index = len(self.items)
             self._call_items[entry["index"]] = index
             self.items.append(call_item(new_id("fc"), entry["id"], entry["function"]["name"], "", "in_progress"))
@@ -70,7 +72,11 @@ class OutputItems:
             events = self._content("")
         else:
             events = []
-        events += self._close_message(status)
+        return events + self._close_message(status) + self._close_calls()
+
+    def _close_calls(self) -> list[Event]:
+        """The `.done` events of the calls still open (at most one: calls come one after another)."""
+        events: list[Event] = []
         for index in self._call_items.values():
             item = self.items[index]
             if item["status"] != "in_progress":

@@ -3,15 +3,17 @@
 Fields (OpenAI's Responses API): `model`, `input` (a string, or items: messages with text content,
 `function_call`, `function_call_output`, `item_reference`; `reasoning` items are skipped),
 `instructions` (a system message first), `max_output_tokens`, `temperature`, `top_p`, `tools`
-(function tools only), `tool_choice`, `parallel_tool_calls`, `text.format` (text, json_object,
-json_schema), `stream`, `store`, `previous_response_id`, `metadata`, `user`; our extras `seed`,
-`top_k`, `min_p`, `stop`. Unknown fields are ignored; `background: true` and other tool types are
-400s naming the field.
+(function tools; other tool types, such as Codex's `namespace`, `web_search`, `image_generation` and
+`custom`, are left out, each type logged once), `tool_choice`, `parallel_tool_calls`, `text.format`
+(text, json_object, json_schema), `stream`, `store`, `previous_response_id`, `metadata`, `user`; our
+extras `seed`, `top_k`, `min_p`, `stop`. Unknown fields (`include`, `reasoning`, `prompt_cache_key`,
+...) are ignored; `background: true` is a 400.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -20,10 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
 from server.protocol import ChatCompletionRequest, check_supported, error_param
+from server.responses_api.store import MAX_ITEMS
+
+log = logging.getLogger("specexec.server")
 
 Item = dict[str, Any]
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+_ignored_tool_types: set[str] = set()
 
 
 class _Model(BaseModel):
@@ -71,11 +77,12 @@ class ResponsesRequest(_Model):
     stop: str | list[str] | None = None
 
     def function_tools(self) -> list[Item]:
-        """The tools as chat's `{"type": "function", "function": {...}}`; other tool types are a 400."""
+        """The function tools as chat's `{"type": "function", "function": {...}}`; other types are left out."""
         out = []
         for i, tool in enumerate(self.tools or []):
             if tool.get("type") != "function":
-                raise unsupported(f"tools[{i}].type", f"Only function tools are supported, got {tool.get('type')!r}.")
+                _ignore_tool_type(str(tool.get("type")))
+                continue
             if not isinstance(tool.get("name"), str) or not tool["name"]:
                 raise invalid_request("A function tool needs a 'name'.", f"tools[{i}].name", "missing_required_parameter")
             out.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters",
@@ -88,6 +95,14 @@ class ResponsesRequest(_Model):
             return None if fmt is None else {"type": fmt.type}
         schema = {"name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}
         return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
+
+
+def _ignore_tool_type(kind: str) -> None:
+    """Codex sends tools of types only OpenAI's servers run (web_search, image_generation) or that have no JSON
+    schema (namespace, custom): they are not offered to the model."""
+    if kind not in _ignored_tool_types:
+        _ignored_tool_types.add(kind)
+        log.info("/v1/responses: tools of type %r are left out (only function tools are served)", kind)
 
 
 FIELDS = {name for cls in (ResponsesRequest, TextConfig, TextFormat, NamedFunction) for name in cls.model_fields} | {
@@ -106,6 +121,9 @@ def parse_responses(raw: bytes) -> ResponsesRequest:
         raise invalid_request(f"Invalid value for '{param}': {first['msg']}.", param, "invalid_value") from None
     if request.background:
         raise unsupported("background", "Background responses are not supported by this server.")
+    if isinstance(request.input, list) and len(request.input) > MAX_ITEMS:
+        raise invalid_request(f"A request may hold at most {MAX_ITEMS} input items, got {len(request.input)}.",
+                              "input", "invalid_value")
     return request
 
 

@@ -17,15 +17,25 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from server.errors import APIError, generation_error
+from server.errors import APIError, generation_error, invalid_request
 from server.generation import Generation, collect_texts
+from server.json_pieces import dumps_in_pieces
 from server.limits import read_body
+from server.protocol import ChatCompletionRequest
 from server.responses_api.output import OutputItems, ResponseHead, new_id, response_fields, usage
-from server.responses_api.request import chat_request, input_items, parse_responses
-from server.responses_api.store import ResponseStore, StoredResponse
+from server.responses_api.request import ResponsesRequest, chat_request, input_items, parse_responses
+from server.responses_api.store import (
+    MAX_ITEMS,
+    MAX_STORED,
+    MAX_STORED_BYTES,
+    PendingResponse,
+    ResponseStore,
+    StoredResponse,
+    stored_items,
+)
 from server.start import start_generations
 from server.state import ServerState
 from server.toolcalls.output import Delta
@@ -53,18 +63,22 @@ async def _create(request: Request, state: ServerState) -> Response:
     req = await lane.run(parse_responses, raw)
     store = _store(request)
     history: list[dict[str, Any]] = []
+    history_bytes = 0
     if req.previous_response_id is not None:
         previous = store.get(req.previous_response_id)
         if previous is None:
             raise APIError(404, f"Previous response with id '{req.previous_response_id}' not found.",
                            param="previous_response_id", code="previous_response_not_found")
-        history = previous.conversation
+        history, history_bytes = previous.conversation, previous.conversation_bytes
     own = [_with_id(item) for item in input_items(req)]
-    chat = await lane.run(chat_request, req, history + own, store.item)
+    _check_conversation(len(history), len(own))
+    # what the stored items bring counts toward the lane as the body does (server/preparation.py)
+    lane = state.preparation.lane(len(raw) + history_bytes + store.item_bytes(own))
+    chat, pending = await lane.run(_prepare, req, history, history_bytes, own, len(raw), store)
     gens, _ = await start_generations(state, chat, True, ENDPOINT, lane)
     gen = gens[0]
     head = ResponseHead(state.response_model(req.model), response_fields(req, list(req.tools or [])))
-    saved = (store, history, own) if req.store is not False else None
+    saved = (store, pending) if pending is not None else None
     if req.stream:
         async def on_close(message: Any) -> None:
             gen.cancel()
@@ -82,7 +96,8 @@ async def _create(request: Request, state: ServerState) -> Response:
     items.close("incomplete" if incomplete else "completed")
     body = _final(head, gen, items, incomplete)
     _save(saved, body)
-    return JSONResponse(body, headers={"x-request-id": head.id})
+    content = await state.preparation.render.run(dumps_in_pieces, body)  # off the event loop, in pieces
+    return Response(content, media_type="application/json", headers={"x-request-id": head.id})
 
 
 def _deltas(gen: Generation, text: str) -> list[Delta]:
@@ -92,7 +107,7 @@ def _deltas(gen: Generation, text: str) -> list[Delta]:
 
 
 def _finish_deltas(gen: Generation) -> list[Delta]:
-    return [] if gen.tools is None else gen.tools.finish()
+    return [] if gen.tools is None else gen.tools.finish(gen.finish_reason)
 
 
 def _incomplete(gen: Generation) -> bool:
@@ -108,10 +123,28 @@ def _final(head: ResponseHead, gen: Generation, items: OutputItems, incomplete: 
                      timings=gen.timings())
 
 
-def _save(saved: tuple[ResponseStore, list, list] | None, body: dict[str, Any]) -> None:
+def _check_conversation(num_history: int, num_input: int) -> None:
+    if num_history + num_input > MAX_ITEMS:
+        raise invalid_request(f"The conversation would hold {num_history + num_input} items ({num_history} from "
+                              f"previous_response_id, {num_input} in input), more than {MAX_ITEMS}: start a new one.",
+                              "previous_response_id", "invalid_value")
+
+
+def _prepare(req: ResponsesRequest, history: list[dict[str, Any]], history_bytes: int, own: list[dict[str, Any]],
+             body_bytes: int, store: ResponseStore) -> tuple[ChatCompletionRequest, PendingResponse | None]:
+    """The chat request (in a preparation lane: item_reference lookups and the conversation's messages),
+    and with `store` what the response will keep."""
+    chat = chat_request(req, history + own, store.item)
+    if req.store is False:
+        return chat, None
+    kept, kept_bytes = stored_items(own)
+    return chat, PendingResponse(history, history_bytes, kept, kept_bytes, body_bytes)
+
+
+def _save(saved: tuple[ResponseStore, PendingResponse] | None, body: dict[str, Any]) -> None:
     if saved is not None:
-        store, history, own = saved
-        store.put(StoredResponse(body, history, own))
+        store, pending = saved
+        store.put(pending.stored(body))
 
 
 def _with_id(item: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +156,7 @@ def _with_id(item: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _events(gen: Generation, head: ResponseHead,
-                  saved: tuple[ResponseStore, list, list] | None) -> AsyncIterator[ServerSentEvent]:
+                  saved: tuple[ResponseStore, PendingResponse] | None) -> AsyncIterator[ServerSentEvent]:
     numbers = itertools.count()
 
     def event(kind: str, fields: dict[str, Any]) -> ServerSentEvent:
@@ -179,5 +212,6 @@ def _stored(request: Request, response_id: str) -> StoredResponse:
 
 
 def _not_found(response_id: str) -> APIError:
-    return APIError(404, f"Response with id '{response_id}' not found (responses are kept in memory, the last "
-                         "256 with store not false).", param="response_id", code="not_found")
+    return APIError(404, f"Response with id '{response_id}' not found (responses with store not false are kept in "
+                         f"memory, the last {MAX_STORED} or {MAX_STORED_BYTES // 2**20} MiB).", param="response_id",
+                    code="not_found")

@@ -9,9 +9,10 @@ and has arguments valid under that tool's `parameters` (engine kind `structural_
 - `parallel_tool_calls: false`: at most one call, and the reply ends after it.
 
 The exact text of a call is fixed (`<tool_call>\\n{"name": "f", "arguments": ...}\\n</tool_call>`,
-as the formats' chat templates print past calls); whitespace inside the arguments is free (at most
-MAX_JSON_WHITESPACE characters per gap), their properties come in the schema's order and none
-beyond those it names. The formats are those of server/toolcalls/parsers.py, which reads the
+as the formats' chat templates print past calls); the arguments are compact JSON as those templates
+print them (", " and ": "), or with `--json-whitespace free` have any whitespace (at most
+MAX_JSON_WHITESPACE characters per gap: the engine applies the request's StructuredOutput.json_whitespace),
+their properties come in the schema's order and none beyond those it names. The formats are those of server/toolcalls/parsers.py, which reads the
 output back.
 """
 

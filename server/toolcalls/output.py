@@ -44,17 +44,18 @@ class ToolOutput:
     def feed(self, text: str) -> list[Delta]:
         return self._deltas(self._reader.feed(text))
 
-    def finish(self) -> list[Delta]:
-        return self._deltas(self._reader.finish())
+    def finish(self, finish_reason: str | None = None) -> list[Delta]:
+        """The deltas left at the end of the output (`finish_reason` "length": it was cut off)."""
+        return self._deltas(self._reader.finish(cut_off=finish_reason == "length"))
 
     def finish_reason(self, reason: str) -> str:
         return "tool_calls" if self.num_calls and reason == "stop" else reason
 
-    def message(self, text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+    def message(self, text: str, finish_reason: str | None = None) -> tuple[str | None, list[dict[str, Any]] | None]:
         """The whole output: (content, tool_calls); content None when only calls were made."""
         content: list[str] = []
         calls: list[dict[str, Any]] = []
-        for delta in self.feed(text) + self.finish():
+        for delta in self.feed(text) + self.finish(finish_reason):
             if delta.content is not None:
                 content.append(delta.content)
             elif delta.tool_call is not None and "id" in delta.tool_call:

@@ -17,7 +17,8 @@ anywhere is content. A streamed call that breaks after it was committed (the JSO
 well-formed up to its arguments) keeps the arguments sent so far and the text from the first
 bad character on is content. Under the call grammar (server/toolcalls/grammar.py) a call never
 breaks; the output can only end inside one (max_tokens): a committed call then keeps incomplete
-arguments, as OpenAI's do with finish_reason "length", and an uncommitted one is dropped.
+arguments, as OpenAI's do with finish_reason "length", and an uncommitted one is dropped, as is the
+start of a marker the cut left at the end (`finish(cut_off=True)`): partial markup is never content.
 """
 
 from __future__ import annotations
@@ -72,10 +73,14 @@ class ToolCallReader:
             text = self._feed_block(text) if self._in_block else self._feed_text(text)
         return self._take()
 
-    def finish(self) -> list[Event]:
+    def finish(self, cut_off: bool = False) -> list[Event]:
+        """The end of the output; `cut_off`: it ended at max_tokens (or the context's end), so a marker's
+        start held at the end is partial markup and is dropped (after an EOS or a stop string it is text)."""
         if self._in_block:
             self._end_of_output()
         held, self._held = self._held, ""
+        if cut_off and (partial := self._marker_prefix_len(held)):
+            held = held[: len(held) - partial].rstrip(WHITESPACE) if self.num_calls else held[: len(held) - partial]
         if held.strip(WHITESPACE) or self.num_calls == 0:
             self._text(held)
         return self._take()

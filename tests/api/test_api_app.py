@@ -206,3 +206,54 @@ def test_api_key_and_cors(fake_server, header: str) -> None:
     other = httpx.options(srv.url + "/v1/models", headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "GET"})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_root_answers_200_to_head_and_get_even_while_loading(fake_server) -> None:
+    """Claude Code probes `HEAD /` before anything else; a 404 there ended its session."""
+    release = threading.Event()
+
+    def slow_loader(config):
+        assert release.wait(30)
+        return FakeEngine()
+
+    srv = fake_server(loader=slow_loader, api_key="sekrit")
+    head = httpx.head(srv.url + "/")
+    assert head.status_code == 200 and head.content == b""
+    assert httpx.get(srv.url + "/").status_code == 200
+    release.set()
+    assert httpx.head(srv.url + "/").status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_timings_after_a_stop_string_count_only_the_returned_tokens(fake_server, stream: bool) -> None:
+    """A stop string ends the text inside a step (3 tokens, 2 of them accepted draft tokens); the rest of
+    that step and the step drained after the abort are not this reply's: every counter is over the
+    returned tokens, and they agree with each other."""
+    srv = fake_server(FakeEngine(tokens_per_step=3))
+    body = {**CHAT, "stop": ["brown fox"], "max_tokens": 100, "stream": stream}
+    if stream:
+        chunks = post_stream(srv.url + "/v1/chat/completions", body).chunks()
+        timings = next(c["timings"] for c in chunks if "timings" in c)
+    else:
+        timings = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30).json()["timings"]
+    returned = timings["predicted_n"]
+    tokens = srv.engine.tokenizer.encode(SCRIPT[: SCRIPT.index("brown fox") + len("brown fox")],
+                                         add_special_tokens=False)
+    assert returned == len(tokens) and returned % 3 != 0  # the stop's last token is inside a step
+    passes = -(-returned // 3)
+    accepted = 2 * (passes - 1) + min(2, returned - 3 * (passes - 1))
+    assert timings["target_passes"] == passes and timings["draft_tokens_accepted"] == accepted
+    assert timings["mean_accepted_per_pass"] == round(returned / passes, 4)
+    assert timings["mean_draft_accepted_per_pass"] == round(accepted / passes, 4)
+
+
+def test_objects_alive_after_loading_are_frozen_out_of_the_collectors_view(fake_server, monkeypatch) -> None:
+    """A full garbage collection walks every object it tracks while holding the interpreter lock: the
+    loaded engine's are frozen (gc.freeze) once it is attached."""
+    import gc
+
+    frozen: list[bool] = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    srv = fake_server(loader=lambda config: FakeEngine())
+    wait_until(lambda: srv.state.ready, "the engine attached")
+    wait_until(lambda: frozen == [True], "gc.freeze after loading")

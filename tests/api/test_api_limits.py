@@ -58,8 +58,8 @@ def test_prompt_that_cannot_fit_is_refused_without_tokenizing(fake_server, monke
     engine = FakeEngine(max_context=64)
     srv = fake_server(engine)
     calls: list[str] = []
-    real_encode = engine.tokenizer.encode
-    monkeypatch.setattr(engine.tokenizer, "encode", lambda text, **kw: calls.append(text) or real_encode(text, **kw))
+    real_encode = srv.state.prompt.encode  # the prompt's tokenizing (server/prompt.py)
+    monkeypatch.setattr(srv.state.prompt, "encode", lambda text, *args: calls.append(text) or real_encode(text, *args))
     limit = srv.state.prompt.max_prompt_chars
     for path, body, param in (("/v1/completions", {**PROMPT, "prompt": "y" * (limit + 1)}, "prompt"),
                               ("/v1/chat/completions",
@@ -80,15 +80,16 @@ def test_health_answers_while_a_big_prompt_is_tokenized(fake_server, monkeypatch
     engine = FakeEngine(max_context=10**7)
     srv = fake_server(engine)
     started, may_finish = threading.Event(), threading.Event()
+    owner = engine.tokenizer if chat else srv.state.prompt  # the chat template, or the prompt's tokenizing
     method = "apply_chat_template" if chat else "encode"
-    real = getattr(engine.tokenizer, method)
+    real = getattr(owner, method)
 
     def slow(*args, **kwargs):  # stands for seconds of tokenizing / rendering a multi-megabyte prompt
         started.set()
         assert may_finish.wait(60)  # ends only after /health answered (or the health request gave up)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine.tokenizer, method, slow)
+    monkeypatch.setattr(owner, method, slow)
     big = "word " * 200_000  # 1 MB
     body = {**CHAT, "messages": [{"role": "user", "content": big}]} if chat else {**PROMPT, "prompt": big}
     result: list[httpx.Response] = []

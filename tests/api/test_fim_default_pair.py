@@ -1,5 +1,5 @@
 """Fill-in-the-middle on the built-in default pair: the middles it fills in (greedy) make the file parse,
-through /v1/completions `suffix` and through /infill alike."""
+through /v1/completions `suffix`, /infill and Ollama's /api/generate `suffix` alike."""
 
 from __future__ import annotations
 
@@ -62,6 +62,10 @@ def test_default_pair_fills_a_middle_that_parses(fake_server: Callable, default_
     body = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 32, "temperature": 0}
     infill = httpx.post(f"{srv.url}/infill", json=body, timeout=120).json()
     assert infill["content"] == middle and infill["stop_type"] == "eos"
+    ollama = httpx.post(f"{srv.url}/api/generate", timeout=120, json={  # Ollama's `suffix`: the same middle
+        "model": "specexec-default", "prompt": prefix, "suffix": suffix, "stream": False,
+        "options": {"num_predict": 32, "temperature": 0}}).json()
+    assert ollama["response"] == middle and ollama["done_reason"] == "stop"
 
 
 def test_continue_default_request_shapes_fit_the_context(fake_server: Callable, default_pair_engine: Any) -> None:

@@ -2,7 +2,9 @@
 
 - Over the real app and a FakeEngine (which records each request's SamplingParams), driven by the
   openai SDK: a request that leaves temperature/top_p out gets the file's values, one that gives them
-  keeps its own, `none` gives the API's defaults; /v1/models' entry shows the defaults.
+  keeps its own, `none` gives the API's defaults; /v1/models' entry shows the defaults. Every field of
+  the five (temperature, top_p, top_k, min_p, repetition_penalty), left out or sent as null, on chat,
+  completions and /v1/responses; /infill keeps llama.cpp's defaults whatever the file says.
 - `specexec serve` on a tiny real pair whose generation_config.json says temperature 0.6: a
   completion without temperature reports log-probabilities (those of the distribution it samples
   from) equal to transformers' own log_softmax(logits / 0.6) at the prompt, not / 1.0.
@@ -53,8 +55,11 @@ def serve_fake(tmp_path: Path):
     target = write_generation_config(tmp_path / "target", GENERATION_CONFIG)
     running = []
 
-    def start(mode: str) -> tuple[openai.OpenAI, FakeEngine]:
-        port, engine = free_port(), FakeEngine()
+    def start(mode: str, values: dict | None = None, engine: FakeEngine | None = None,
+              ) -> tuple[openai.OpenAI, FakeEngine]:
+        if values is not None:
+            write_generation_config(target, values)
+        port, engine = free_port(), engine or FakeEngine()
         engine_config = EngineConfig(model=ModelConfig(target=str(target)), limits=LimitsConfig(default_max_tokens=8))
         app = build_app(engine_config, ServerConfig(port=port, generation_config=mode), engine)
         server, thread = run_uvicorn(app, port)
@@ -78,6 +83,49 @@ def test_a_request_without_temperature_gets_the_models_and_its_own_values_win(se
     assert (left_out.temperature, left_out.top_p) == (0.6, 0.9)
     assert (given.temperature, given.top_p) == (1.0, 1.0)
     assert (mixed.temperature, mixed.top_p) == (0.6, 0.5)
+
+
+EVERY_FIELD = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05}
+NULLS = {name: None for name in EVERY_FIELD}
+
+
+def sampled(params) -> dict:
+    return {name: getattr(params, name) for name in EVERY_FIELD}
+
+
+def test_every_field_defaults_left_out_or_null_on_chat_completions_and_responses(serve_fake) -> None:
+    client, engine = serve_fake("auto", {**EVERY_FIELD, "max_new_tokens": 2048, "bos_token_id": 0})
+    assert client.models.list().data[0].model_extra["sampling_defaults"] == EVERY_FIELD
+    client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=4)
+    client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=4, extra_body=NULLS)
+    client.completions.create(model="fake-model", prompt="hi", max_tokens=4, extra_body=NULLS)
+    client.responses.create(model="fake-model", input="hi", max_output_tokens=4)
+    client.responses.create(model="fake-model", input="hi", max_output_tokens=4, extra_body=NULLS)
+    for request in engine.requests:
+        assert sampled(request.params) == EVERY_FIELD, request.request_id
+    own = {"temperature": 1.2, "top_p": 0.5, "top_k": 3, "min_p": 0.2, "repetition_penalty": 1.3}
+    client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=4, temperature=1.2, top_p=0.5,
+                                   extra_body={k: own[k] for k in ("top_k", "min_p", "repetition_penalty")})
+    client.responses.create(model="fake-model", input="hi", max_output_tokens=4, temperature=1.2, top_p=0.5,
+                            extra_body={"top_k": 3, "min_p": 0.2})
+    chat, responses = (sampled(request.params) for request in engine.requests[-2:])
+    assert chat == own and responses == own | {"repetition_penalty": 1.05}  # Responses has no repetition_penalty
+
+
+def test_infill_keeps_llama_cpps_defaults_whatever_the_file_says(serve_fake) -> None:
+    import httpx
+
+    from tests.api.test_fim import qwen_tokenizer
+    from tests.api.test_infill import llama_vscode_body
+    from tests.helpers.tool_models import scripted_engine
+
+    client, engine = serve_fake("auto", EVERY_FIELD, scripted_engine(qwen_tokenizer(), "a + b<|fim_pad|>"))
+    url = str(client.base_url).removesuffix("/v1/") + "/infill"
+    llama_cpp = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.0}
+    for fields in ({}, NULLS):
+        body = {k: v for k, v in llama_vscode_body(**fields).items() if k not in ("top_k", "top_p")} | fields
+        assert httpx.post(url, json=body, timeout=30).status_code == 200
+        assert sampled(engine.requests[-1].params) == llama_cpp
 
 
 def test_none_keeps_the_apis_defaults(serve_fake) -> None:

@@ -119,3 +119,18 @@ def test_tokens_cached_is_the_prefix_cache_count(fake_server: Callable) -> None:
     srv = fake_server(scripted_engine(qwen_tokenizer(), SCRIPT))
     out = httpx.post(f"{srv.url}/infill", json=llama_vscode_body(), timeout=30).json()
     assert out["tokens_cached"] == out["timings"]["cache_n"]
+
+
+def test_infill_ignores_model(fake_server: Callable) -> None:
+    """llama.vscode puts its `ai_model` setting ("google/gemini-2.5-flash" by default) into every body;
+    llama.cpp's single-model server ignores it, and so does /infill (streamed or not)."""
+    srv = fake_server(scripted_engine(qwen_tokenizer(), SCRIPT), served_model_name=("local",))
+    for model in ("google/gemini-2.5-flash", "", None):
+        r = httpx.post(f"{srv.url}/infill", json=llama_vscode_body(model=model), timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["content"] == "a + b" and r.json()["model"] == "local"
+    with httpx.stream("POST", f"{srv.url}/infill", json=llama_vscode_body(model="gpt-4o", stream=True),
+                      timeout=30) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[len("data: "):]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["stop"] is True and events[-1]["model"] == "local"

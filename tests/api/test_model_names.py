@@ -107,3 +107,16 @@ def test_an_unknown_model_is_a_404_naming_it(fake_server, stream: bool) -> None:
     assert error["code"] == "model_not_found" and error["param"] == "model" and "gpt-3.5-turbo" in error["message"]
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-3.5-turbo")
+
+
+def test_an_empty_model_means_the_first_name_on_every_route(fake_server) -> None:
+    """llama.vscode's OpenAI-compatible mode sends `"model": ""`: it counts as omitted."""
+    srv = fake_server(served_model_name=ALIASES)
+    for path, body in (("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4}),
+                       ("/v1/completions", {"prompt": "hi", "max_tokens": 4}),
+                       ("/v1/responses", {"input": "hi", "max_output_tokens": 4})):
+        reply = httpx.post(srv.url + path, json={**body, "model": ""}, timeout=30)
+        assert reply.status_code == 200, (path, reply.text)
+        assert reply.json()["model"] == ALIASES[0]
+    chunks = list(sdk(srv.url).chat.completions.create(model="", messages=MESSAGES, max_tokens=4, stream=True))
+    assert {c.model for c in chunks} == {ALIASES[0]}

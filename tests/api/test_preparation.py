@@ -16,8 +16,7 @@ from engine.types import StructuredOutput
 from server.preparation import SMALL_BODY_BYTES, Lane, Preparation, PreparationTimeout, lower_priority
 from tests.api.test_api_app import CHAT, PROMPT, assert_openai_error
 from tests.helpers.fake_engine import FakeEngine
-
-SLOW_SECONDS = 2.0  # one large preparation in these tests
+from tests.helpers.polling import async_wait_until, wait_until
 
 
 def test_lane_admits_workers_plus_waiting_then_429() -> None:
@@ -41,21 +40,25 @@ def test_lane_admits_workers_plus_waiting_then_429() -> None:
 
 
 def test_time_limit_counts_from_the_start_and_the_job_keeps_its_worker() -> None:
+    """Events decide, not sleeps: a job queued behind a blocker runs once its worker frees (its wait, well
+    within the limit, is limited apart from its run); a job that outlives its limit keeps its worker until
+    it really ends."""
     async def main() -> None:
         lane = Lane("test", workers=1, max_waiting=4)
-        blocker = threading.Event()
-        running = asyncio.create_task(lane.run(blocker.wait, 10))
-        await asyncio.sleep(0.05)
-        queued = asyncio.create_task(lane.run(time.sleep, 0.3, time_limit=1.0))
-        await asyncio.sleep(0.5)  # waiting for the worker: not counted
+        blocker, overrun = threading.Event(), threading.Event()
+        running = asyncio.create_task(lane.run(blocker.wait, 60))
+        queued = asyncio.create_task(lane.run(lambda: "queued", time_limit=30.0))
+        await async_wait_until(lambda: lane.num_admitted == 2, "both jobs admitted")
+        await asyncio.sleep(0.2)
+        assert not queued.done()
         blocker.set()
         await running
-        assert await queued is None  # 0.3 s of its own, within 1 s
+        assert await queued == "queued"
         with pytest.raises(PreparationTimeout):
-            await lane.run(time.sleep, 1.0, time_limit=0.2)
-        assert lane.num_admitted == 1  # the timed-out job still holds its worker
-        await asyncio.sleep(1.0)
-        assert lane.num_admitted == 0
+            await lane.run(overrun.wait, 60, time_limit=0.2)
+        assert lane.num_admitted == 1  # the timed-out job still holds its worker (it waits for `overrun`)
+        overrun.set()
+        await async_wait_until(lambda: lane.num_admitted == 0, "the overrun job's release")
         lane.shutdown()
 
     asyncio.run(main())
@@ -111,29 +114,33 @@ def test_lower_priority_changes_only_the_calling_thread() -> None:
 
 
 def test_a_small_request_does_not_wait_behind_six_large_ones(fake_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six large requests whose tokenization blocks until released: once five are admitted to the large
+    lane and the sixth refused (a state waited for, not a time), a small request is answered while the
+    five are still blocked; then they finish."""
     engine = FakeEngine(max_context=10**7)
     srv = fake_server(engine, max_queue=16)
-    real_encode = engine.tokenizer.encode
+    real_encode = srv.state.prompt.encode  # the prompt's tokenizing (server/prompt.py)
+    release = threading.Event()
 
-    def encode(text: str, **kwargs: object) -> list[int]:  # large prompts take seconds to tokenize
+    def encode(text: str, *args: object) -> list[int]:  # large prompts tokenize until released
         if len(text) > SMALL_BODY_BYTES:
-            time.sleep(SLOW_SECONDS)
-        return real_encode(text[:100], **kwargs)
+            assert release.wait(120)
+        return real_encode(text[:100], *args)
 
-    monkeypatch.setattr(engine.tokenizer, "encode", encode)
+    monkeypatch.setattr(srv.state.prompt, "encode", encode)
     big = {**PROMPT, "prompt": "word " * (SMALL_BODY_BYTES // 4), "max_tokens": 3}
     answers: list[int] = []
     workers = [threading.Thread(target=lambda: answers.append(
-        httpx.post(srv.url + "/v1/completions", json=big, timeout=60).status_code)) for _ in range(6)]
+        httpx.post(srv.url + "/v1/completions", json=big, timeout=180).status_code)) for _ in range(6)]
     for worker in workers:
         worker.start()
-    time.sleep(0.5)
-    begin = time.monotonic()
+    large = srv.state.preparation.large
+    wait_until(lambda: large.num_admitted == 5 and answers == [429], "five large requests admitted, one refused")
     small = httpx.post(srv.url + "/v1/completions", json={**PROMPT, "max_tokens": 3}, timeout=60)
-    waited = time.monotonic() - begin
-    assert small.status_code == 200 and waited < SLOW_SECONDS / 2, waited
+    assert small.status_code == 200 and not release.is_set() and large.num_admitted == 5
+    release.set()
     for worker in workers:
-        worker.join(60)
+        worker.join(180)
     assert sorted(answers) == [200] * 5 + [429]  # one worker and four waiting; the sixth is refused at once
 
 

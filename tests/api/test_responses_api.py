@@ -139,8 +139,7 @@ def test_stored_responses_get_delete_and_input_items(fake_server) -> None:
 
 def test_bad_requests_name_the_field(fake_server) -> None:
     srv = server(fake_server, "Hi.<|end|>")
-    cases = [({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
-             ({"input": "x", "background": True}, 400, "background"),
+    cases = [({"input": "x", "background": True}, 400, "background"),
              ({"input": "x", "previous_response_id": "resp_nope"}, 404, "previous_response_id"),
              ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
               "input[0].content[0]"),
@@ -153,3 +152,57 @@ def test_bad_requests_name_the_field(fake_server) -> None:
         response = httpx.post(srv.url + "/v1/responses", json={"model": "fake-model", **body}, timeout=30)
         assert response.status_code == status, (body, response.text)
         assert response.json()["error"]["param"] == param, (body, response.json())
+
+
+def test_output_items_one_at_a_time_and_no_partial_markup(fake_server) -> None:
+    """A call cut by max_output_tokens right after the next call's "<": one function_call item, no message
+    item; streamed, every item's events lie between its `output_item.added` and `output_item.done`."""
+    first = CALL.removesuffix("<|end|>") + "\n"
+    srv = server(fake_server, first + "<tool_call>\n{}\n</tool_call><|end|>")
+    max_tokens = len(srv.engine.tokenizer.encode(first + "<", add_special_tokens=False))
+    request = {"model": "fake-model", "input": "Weather?", "tools": FUNCTION_TOOLS, "tool_choice": "required",
+               "temperature": 0, "max_output_tokens": max_tokens}
+    whole = client_for(srv).responses.create(**request)
+    assert [item.type for item in whole.output] == ["function_call"] and whole.status == "incomplete"
+    body = {**request, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/responses", json=body, timeout=60) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "response.incomplete"
+    assert [item["type"] for item in events[-1]["response"]["output"]] == ["function_call"]
+    assert_items_one_at_a_time(events)
+
+
+def assert_items_one_at_a_time(events: list[dict[str, Any]]) -> None:
+    open_index = None
+    for event in events:
+        index = event.get("output_index")
+        if event["type"] == "response.output_item.added":
+            assert open_index is None, event
+            open_index = index
+        elif event["type"] == "response.output_item.done":
+            assert index == open_index, event
+            open_index = None
+        elif index is not None:
+            assert index == open_index, event
+    assert open_index is None
+
+
+def test_a_call_then_text_are_two_items_one_after_the_other() -> None:
+    from server.responses_api.output import OutputItems
+    from server.toolcalls.output import Delta
+
+    items = OutputItems()
+    events = []
+    for delta in [Delta(tool_call={"index": 0, "id": "call_1", "type": "function",
+                                   "function": {"name": "f", "arguments": ""}}),
+                  Delta(tool_call={"index": 0, "function": {"arguments": "{}"}}), Delta(content="Done."),
+                  Delta(tool_call={"index": 1, "id": "call_2", "type": "function",
+                                   "function": {"name": "g", "arguments": ""}}),
+                  Delta(tool_call={"index": 1, "function": {"arguments": "{}"}}),
+                  Delta(tool_call={"index": 2, "id": "call_3", "type": "function",
+                                   "function": {"name": "h", "arguments": ""}})]:
+        events += [{"type": kind, **fields} for kind, fields in items.feed(delta)]
+    events += [{"type": kind, **fields} for kind, fields in items.close("completed")]
+    assert_items_one_at_a_time(events)
+    assert [item["type"] for item in items.items] == ["function_call", "message", "function_call", "function_call"]
+    assert all(item["status"] == "completed" for item in items.items)

@@ -127,3 +127,35 @@ def test_completions_take_a_regex_and_stream_it(client: openai.OpenAI, model_id:
     text = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
     assert re.fullmatch(pattern, text), text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+@pytest.mark.parametrize("whitespace", [None, "free"])
+def test_json_whitespace_reaches_every_grammar(fake_server, whitespace) -> None:
+    """Compact JSON by default (`--json-whitespace compact`), free on request: for response_format,
+    guided_json and the tool calls' grammar alike."""
+    from tests.helpers.tool_models import HERMES_TEMPLATE, TOOLS, scripted_engine, tool_tokenizer
+
+    fields = {} if whitespace is None else {"json_whitespace": whitespace}
+    server = fake_server(scripted_engine(tool_tokenizer(HERMES_TEMPLATE), "ok<|end|>"), **fields)
+    bodies = [{"response_format": {"type": "json_object"}}, {"guided_json": SCHEMA},
+              {"tools": TOOLS, "tool_choice": "required"}]
+    for fields_ in bodies:
+        response = httpx.post(f"{server.url}/v1/chat/completions", content=chat_body(max_tokens=2, **fields_),
+                              headers={"content-type": "application/json"})
+        assert response.status_code == 200, response.text
+        assert server.engine.requests[-1].params.structured_output.json_whitespace == (whitespace or "compact")
+
+
+def test_the_json_whitespace_flag() -> None:
+    import argparse
+
+    from engine.types import ConfigError
+    from server.config import ServerConfig
+    from server.serve import add_server_arguments, server_config_from
+
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    assert server_config_from(parser.parse_args([]), None).json_whitespace == "compact"
+    assert server_config_from(parser.parse_args(["--json-whitespace", "free"]), None).json_whitespace == "free"
+    with pytest.raises(ConfigError, match="server.json_whitespace"):
+        ServerConfig(json_whitespace="pretty")

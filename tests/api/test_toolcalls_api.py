@@ -330,3 +330,23 @@ def test_each_choice_reads_its_own_calls(fake_server) -> None:
                         max_tokens=400, n=2)
     assert [calls_of(c.message) for c in final.choices] == [calls_of(c.message) for c in full.choices]
     assert [c.finish_reason for c in final.choices] == ["tool_calls", "tool_calls"]
+
+
+def test_a_second_call_cut_at_its_marker_leaks_no_markup(fake_server) -> None:
+    """tool_choice "required": one call, then max_tokens cuts the output right after the next call's "<".
+    The reply is the call (finish_reason "length"), whole and streamed; no "<" in any content."""
+    first = f"<tool_call>\n{WEATHER}\n</tool_call>\n"
+    srv = hermes_server(fake_server, f"{first}<tool_call>\n{TIME}\n</tool_call><|end|>")
+    max_tokens = len(srv.engine.tokenizer.encode(first + "<", add_special_tokens=False))
+    request = {"model": "fake-model", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
+               "temperature": 0, "max_tokens": max_tokens}
+    client = client_for(srv)
+    whole = client.chat.completions.create(**request).choices[0]
+    assert whole.finish_reason == "length" and whole.message.content is None
+    assert calls_of(whole.message) == [("get_weather", {"city": "Paris", "unit": "c"})]
+    chunks = post_stream(srv.url + "/v1/chat/completions", {**request, "stream": True}).chunks()
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"]]
+    assert not [delta["content"] for delta in deltas if delta.get("content")]
+    arguments = "".join(call["function"]["arguments"] for d in deltas for call in d.get("tool_calls") or [])
+    assert json.loads(arguments) == {"city": "Paris", "unit": "c"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"

@@ -255,3 +255,23 @@ def test_json_scanner_agrees_with_json_loads() -> None:
                 continue
             with pytest.raises(json.JSONDecodeError):
                 json.loads(broken, strict=False)
+
+
+@pytest.mark.parametrize("tail", ["\n<", "\n<tool_", "<tool_call"])
+def test_a_marker_begun_when_max_tokens_cut_the_output_is_never_content(tail: str) -> None:
+    """`tool_choice: "required"`: one call done, the next `<tool_call>` begun, then max_tokens. Whole or
+    streamed at every split, the call is read and the partial marker is dropped; after an EOS (or a stop
+    string) the same characters are the reply's text."""
+    text = f"<tool_call>\n{WEATHER}\n</tool_call>{tail}"
+    for eager in (False, True):
+        for pieces in splits(text, seed=5)[::7]:
+            out = ToolOutput(FORMATS["hermes"], eager=eager)
+            deltas = [d for piece in pieces for d in out.feed(piece)] + out.finish("length")
+            assert not [d.content for d in deltas if d.content], (eager, pieces)
+            assert [d.tool_call["function"]["name"] for d in deltas if d.tool_call and "id" in d.tool_call] == [
+                "get_weather"]
+    content, calls = ToolOutput(FORMATS["hermes"], eager=False).message(text, "length")
+    assert content is None and [json.loads(c["function"]["arguments"]) for c in calls] == [W_ARGS]
+    assert ToolOutput(FORMATS["hermes"], eager=False).message(text, "stop")[0] == tail.strip()
+    assert ToolOutput(FORMATS["hermes"], eager=False).message("a <", "length") == ("a ", None)
+    assert ToolOutput(FORMATS["hermes"], eager=False).message("a <", "stop") == ("a <", None)

@@ -71,7 +71,8 @@ def test_it_imports_engine_code_only():
     """The GPU machine has torch and transformers, not the server's packages."""
     modules = ", ".join(
         f"bench.gpu_check.{name}"
-        for name in ("__main__", "build", "links", "equality", "overlap", "steps", "serving", "bench_row", "header")
+        for name in ("__main__", "build", "links", "equality", "overlap", "steps", "serving", "bench_row", "header",
+                     "fullshape")
     )
     code = f"import sys, {modules}; print(sorted({{m.split('.')[0] for m in sys.modules}}))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
@@ -106,6 +107,25 @@ def test_tiny_run_on_cpu_reports_every_section(tmp_path, capsys):
     assert all(r[1] != "no SDPA op seen" and r[4] == r[5] == "n/a (CPU)" for r in kernels)
     assert len(table(text, "disk source read")) == 1
     assert [r[0] for r in table(text, "method")] == ["Autoregressive", "SpecExec"]
+
+
+def test_tiny_full_shape_section_runs_every_table(tmp_path, capsys):
+    """The full-shape section rehearsed at tiny shapes: int4 layers packed for the compute device and
+    streamed, a draft beside them, every table filled; on a GPU it only has to be run."""
+    args = ["--allow-cpu", "--tiny", "--work-dir", str(tmp_path), "--sections", "fullshape"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "; 0 FAILED; 0 MISMATCH;" in text.splitlines()[-1]
+    assert [r[0] for r in table(text, "rows per call")] == [str(n) for n in TINY.full.kernel_tokens]
+    assert [r[0] for r in table(text, "tokens", "compute ms")] == ["1", *(str(b + 1) for b in TINY.full.budgets)]
+    steps = table(text, "budget", "overlap", "streams")
+    assert [(r[0], r[1], r[2]) for r in steps] == [(str(b), o, str(s)) for b in TINY.full.budgets
+                                                    for o in ("off", "on") for s in TINY.full.streams]
+    assert all(float(r[9]) >= 1 for r in steps)  # tokens per pass
+    assert all(r[7] == "0" for r in steps if r[1] == "off") and any(int(r[7]) > 0 for r in steps if r[1] == "on")
+    assert len(table(text, "median step before ms")) == 1
+    users = table(text, "acceptance (tokens per pass)")
+    assert users[-1][0] == "autoregressive (same run)" and len(users) == 4
 
 
 def test_the_built_weights_are_non_zero_and_differ_between_layers(tmp_path):
@@ -184,3 +204,25 @@ def test_sync_sites_count_only_sync_warnings():
     sites = sync_sites(caught)
     assert sites == ["verify.py:40", "verify.py:40", "step.py:130"]
     assert site_summary(sites) == "verify.py:40 x2, step.py:130"
+
+
+def test_host_syncs_are_attributed_to_the_thread_and_the_pass_that_made_them():
+    """The overlapped pass runs in its own thread while the engine's thread grows the draft: a sync made
+    in the pass counts for the pass (in whichever thread), the engine thread's own for the step."""
+    import threading
+    from types import SimpleNamespace
+
+    from bench.gpu_check.probes import counted_syncs, marking_passes
+
+    def sync() -> None:
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+
+    runner = SimpleNamespace(forward_groups=lambda groups: sync())
+    with counted_syncs(torch.device("cpu")) as caught, marking_passes(runner):
+        thread = threading.Thread(target=runner.forward_groups, args=([],), name="target-pass")
+        thread.start()
+        thread.join()
+        sync()  # the engine thread, outside the pass
+        runner.forward_groups([])  # a pass in the engine thread (overlap off)
+    assert [(s.thread, s.in_pass) for s in caught] == [("target-pass", True), ("MainThread", False),
+                                                        ("MainThread", True)]

@@ -69,6 +69,7 @@ class FakeEngine(GenerationEngine):
         self.step_started = threading.Event()
         self.max_running = max_running
         self._streams: dict[str, Iterator[TokenDelta]] = {}  # running requests' delta streams
+        self._totals: dict[str, GenerationStats] = {}  # running requests' totals so far
 
     def validate_request(self, prompt_len: int, max_tokens: int) -> None:
         if prompt_len < 1:
@@ -101,8 +102,8 @@ class FakeEngine(GenerationEngine):
         stream = self._streams.pop(request_id, None)
         if stream is None:
             return None
-        stream.close()
-        return TokenDelta(request_id, [], FinishReason.ABORT, totals=GenerationStats())
+        stream.close()  # the totals so far, as the engine's scheduler reports them
+        return TokenDelta(request_id, [], FinishReason.ABORT, totals=self._totals.pop(request_id, GenerationStats()))
 
     def close(self) -> None:
         self.closed = True
@@ -122,6 +123,7 @@ class FakeEngine(GenerationEngine):
             output.deltas.append(delta)
             if delta.finish_reason is not None:
                 del self._streams[request_id]
+                self._totals.pop(request_id, None)
         self.step_log.append([delta.request_id for delta in output.deltas] + [rid for rid, _ in output.failures])
         if output.deltas:
             emitted = sum(len(d.token_ids) for d in output.deltas)
@@ -137,7 +139,8 @@ class FakeEngine(GenerationEngine):
         params = request.params
         self.validate_request(len(request.prompt_ids), params.max_tokens)
         self.requests.append(request)
-        totals = GenerationStats(prompt_tokens=len(request.prompt_ids), prefill_seconds=0.001)
+        totals = self._totals[request.request_id] = GenerationStats(prompt_tokens=len(request.prompt_ids),
+                                                                    prefill_seconds=0.001)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
         stream = self.output_ids(request, params.max_tokens)
         emitted = 0

@@ -15,11 +15,11 @@ from engine.speculation.tree import causal_mask, prefix_tree_mask
 CPU = torch.device("cpu")
 
 
-def streamed_runner(target: str, device: torch.device = CPU, **offload_fields) -> DecoderRunner:
+def streamed_runner(target: str, device: torch.device = CPU, kernel: str = "dequantize", **offload_fields) -> DecoderRunner:
     cfg = EngineConfig(
         model=ModelConfig(target=target), offload=OffloadConfig(enabled=True, **offload_fields)
     )
-    return build_offloaded_runner(checkpoint.load_model(target, torch.float32), cfg, device)
+    return build_offloaded_runner(checkpoint.load_model(target, torch.float32, gptq_kernel=kernel), cfg, device)
 
 
 def run_passes(runner: DecoderRunner, device: torch.device = CPU) -> list[torch.Tensor]:

@@ -183,3 +183,53 @@ def test_weights_that_do_not_fit_name_what_to_change(pair, monkeypatch) -> None:
     assert info.value.field == "offload.enabled" and "Tried to allocate 2.00 GiB" in str(info.value)
     assert info.value.__context__ is None  # the failed load's frames are not kept alive
 
+
+
+def fake_cuda_memory(monkeypatch, free: int, total: int, reserved: int, allocated: int, fraction: float | None):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, total))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: allocated)
+    if fraction is None:
+        monkeypatch.delattr(torch.cuda, "get_per_process_memory_fraction", raising=False)
+    else:
+        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: fraction)
+
+
+def test_free_device_memory_honours_a_per_process_memory_fraction(monkeypatch) -> None:
+    """An 80 GB card capped at 23 GB (a 24 GB card emulated) with 10 GB allocated has 13 GB left,
+    though the card itself has 60 GB free; without a cap, the card's free memory plus the allocator's
+    unused cache."""
+    gb, cuda = 10**9, torch.device("cuda", 0)
+    fake_cuda_memory(monkeypatch, free=60 * gb, total=80 * gb, reserved=12 * gb, allocated=10 * gb, fraction=23 / 80)
+    assert memory.free_device_memory(cuda) == 13 * gb
+    fake_cuda_memory(monkeypatch, free=60 * gb, total=80 * gb, reserved=12 * gb, allocated=10 * gb, fraction=1.0)
+    assert memory.free_device_memory(cuda) == 62 * gb
+    fake_cuda_memory(monkeypatch, free=60 * gb, total=80 * gb, reserved=12 * gb, allocated=10 * gb, fraction=None)
+    assert memory.free_device_memory(cuda) == 62 * gb
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_plan_under_a_memory_fraction_refuses_instead_of_running_out(pair) -> None:
+    """Under set_per_process_memory_fraction the plan sees the cap: a cap below what the plan must still
+    allocate is refused at load (ConfigError), not met with an out-of-memory error later; a cap above it
+    loads and generates."""
+    config = dataclasses.replace(config_for(pair), model=dataclasses.replace(config_for(pair).model, device="cuda"))
+    probe = Engine.load(config)
+    to_allocate = memory_plan.plan_memory(probe.memory_plan_inputs()).to_allocate
+    probe.close()
+    del probe
+    torch.cuda.empty_cache()
+    total = torch.cuda.mem_get_info()[1]
+    weights = torch.cuda.memory_allocated() + 64 * 2**20  # what is allocated now, the tiny pair's weights and more
+    try:
+        torch.cuda.set_per_process_memory_fraction((weights + to_allocate // 2) / total)
+        with pytest.raises(ConfigError, match="not enough device memory"):
+            Engine.load(config)
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction((weights + 2 * to_allocate) / total)
+        engine = Engine.load(config)
+        assert engine.generate_ids([5, 6, 7], SamplingParams(temperature=0, max_tokens=8))
+        engine.close()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)

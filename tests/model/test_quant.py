@@ -155,8 +155,9 @@ def test_missing_extra_error_gives_the_pip_command(tmp_path, monkeypatch):
 
 
 def test_unsupported_quantization_is_refused(tmp_path):
-    path = write_quantized_config(tmp_path / "awq", "awq")
-    with pytest.raises(CheckpointError, match="quantization method 'awq' is not supported"):
+    path = write_quantized_config(tmp_path / "bnb", "bitsandbytes")
+    with pytest.raises(CheckpointError, match="quantization method 'bitsandbytes' is not supported; supported: gptq, "
+                                              r"awq \(4-bit GEMM\), compressed-tensors"):
         checkpoint.read_config(path)
 
 

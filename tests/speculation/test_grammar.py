@@ -7,6 +7,7 @@ check that every child the draft proposed is a token a fresh matcher accepts at 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -260,3 +261,40 @@ def test_a_structural_tag_writes_the_special_tokens_it_names_and_no_others() -> 
     blocked = xgrammar.GrammarMatcher(cache.compile(StructuredOutput("structural_tag", tag)))
     assert not blocked.accept_token(marker)
     assert not blocked.accept_token(tokenizer.convert_tokens_to_ids("<|pad|>"))
+
+
+def accepts(cache: GrammarCache, spec: StructuredOutput, text: str) -> bool:
+    """Whether the grammar takes `text` whole and may then end."""
+    matcher = xgrammar.GrammarMatcher(cache.compile(spec))
+    return matcher.accept_string(text) and matcher.accept_token(EOS)
+
+
+TOOL_TAG = json.dumps({"type": "structural_tag", "format": {
+    "type": "tag", "begin": '<tool_call>\n{"name": "f", "arguments": ',
+    "content": {"type": "json_schema", "json_schema": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "array", "items": {"type": "integer"}}}, "required": ["city"]},
+        "max_whitespace_cnt": 16}, "end": "}\n</tool_call>"}})
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "json_object", "structural_tag"])
+def test_json_is_compact_by_default_and_free_on_request(cache, kind) -> None:
+    """Compact: exactly json.dumps's separators (", ", ": ") and no other whitespace, so a model cannot
+    spend its tokens on whitespace; free: up to 16 whitespace characters per gap."""
+    spec = {"json_schema": JSON_SPEC, "json_object": StructuredOutput("json_object"),
+            "structural_tag": StructuredOutput("structural_tag", TOOL_TAG)}[kind]
+    value = {"color": "red", "count": 3, "ok": True} if kind != "structural_tag" else {"city": "Paris", "days": [1, 2]}
+    wrap = (lambda text: f'<tool_call>\n{{"name": "f", "arguments": {text}}}\n</tool_call>') \
+        if kind == "structural_tag" else (lambda text: text)
+    compact = json.dumps(value)
+    others = [json.dumps(value, separators=(",", ":")), json.dumps(value, indent=2),
+              compact.replace(": ", ":  ", 1), compact.replace("{", "{ ", 1)]
+    free = dataclasses.replace(spec, json_whitespace="free")
+    assert spec.json_whitespace == "compact" and accepts(cache, spec, wrap(compact))
+    assert not any(accepts(cache, spec, wrap(text)) for text in [*others, " " + compact])
+    assert accepts(cache, free, wrap(compact)) and all(accepts(cache, free, wrap(text)) for text in others)
+    assert not accepts(cache, free, wrap(compact.replace("{", "{" + " " * 17, 1)))
+
+
+def test_json_whitespace_is_checked() -> None:
+    with pytest.raises(StructuredOutputError, match="json_whitespace"):
+        StructuredOutput("json_object", json_whitespace="pretty")

@@ -11,6 +11,7 @@ tests/speculation/test_penalty_exactness.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -42,7 +43,8 @@ CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "patt
                                                 "unit": {"enum": ["c", "f"]}}, "required": ["city"]}
 TZ_SCHEMA = {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}}
 # tool calls as the server asks for them with tool_choice "required" and parallel_tool_calls false
-# (server/toolcalls/grammar.py, Hermes format; less whitespace, so the random model finishes a call)
+# (server/toolcalls/grammar.py, Hermes format; compact JSON by default, and with json_whitespace "free"
+# at most 2 whitespace characters per gap, so the random model finishes a call)
 TOOL_CALLS = StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": {
     "type": "tags_with_separator", "separator": "\n", "at_least_one": True, "stop_after_first": True, "tags": [
         {"type": "tag", "begin": '<tool_call>\n{"name": "' + name + '", "arguments": ',
@@ -105,7 +107,9 @@ def prompts(engine: Engine) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("method", [pytest.param("specexec", marks=pytest.mark.slow), "specinfer"])
-@pytest.mark.parametrize("spec", [schema_spec(OBJECT_SCHEMA), TOOL_CALLS], ids=["json_schema", "tool_calls"])
+@pytest.mark.parametrize("spec", [schema_spec(OBJECT_SCHEMA), TOOL_CALLS,
+                                  dataclasses.replace(TOOL_CALLS, json_whitespace="free")],
+                         ids=["json_schema", "tool_calls", "tool_calls-free-whitespace"])
 def test_constrained_greedy_equals_the_reference_loop(engines, target_model, method, spec):
     mismatches, ties, finished = [], 0, 0
     for prompt in prompts(engines[(method, 1)]):
@@ -123,7 +127,9 @@ def test_constrained_greedy_equals_the_reference_loop(engines, target_model, met
     assert ties <= 1
 
 
-def check_object(value: object) -> None:
+def check_object(text: str) -> None:
+    value = json.loads(text)
+    assert text == json.dumps(value)  # compact JSON: json.dumps's separators, no other whitespace
     assert isinstance(value, dict) and set(value) == {"color", "count", "ok"}, value
     assert value["color"] in ("red", "green", "blue")
     assert isinstance(value["count"], int) and 0 <= value["count"] <= 99
@@ -134,6 +140,7 @@ def check_calls(text: str) -> None:
     calls = re.findall(r'<tool_call>\n\{"name": "(\w+)", "arguments": (.*?)\}\n</tool_call>', text, re.S)
     assert calls and "\n".join(f'<tool_call>\n{{"name": "{n}", "arguments": {a}}}\n</tool_call>' for n, a in calls) == text
     for name, arguments in calls:
+        assert arguments == json.dumps(json.loads(arguments))  # compact, as the chat templates print calls
         jsonschema.validate(json.loads(arguments), CITY_SCHEMA if name == "get_weather" else TZ_SCHEMA)
 
 
@@ -150,7 +157,7 @@ def run(engine: Engine, prompt: list[int], params: SamplingParams) -> tuple[str,
 def test_the_grammar_forces_schema_valid_output_from_a_random_model(engines, method):
     engine = engines[(method, 8)]
     prompt = prompts(engine)[0]
-    cases = [(schema_spec(OBJECT_SCHEMA), lambda text: check_object(json.loads(text))),
+    cases = [(schema_spec(OBJECT_SCHEMA), check_object),
              (schema_spec(ENUM_SCHEMA), lambda text: json.loads(text) in ENUM_SCHEMA["enum"] or pytest.fail(text)),
              (StructuredOutput("json_object"), lambda text: isinstance(json.loads(text), dict) or pytest.fail(text)),
              (StructuredOutput("regex", r"[a-c]{2,4}-[0-9]{3}"),

@@ -107,3 +107,28 @@ def test_a_long_prompt_batched_with_a_short_request_equals_the_reference(pair, r
     for deltas in (together, joining):
         assert tokens(deltas["long"]) == references["long"]
         assert tokens(deltas["short"]) == references["short"]
+
+
+def test_a_long_prompt_joining_in_automatic_slices_equals_the_reference(pair) -> None:
+    """prefill_slice 0 (auto, engine.pass_times): the long prompt joins a running request and is written
+    in slices sized from the passes seen, over several passes; both outputs equal the reference."""
+    model = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32)
+    long_short = Request("short", SHORT, SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True))
+    want_short = reference_greedy(model, SHORT, 80)
+    with load(pair, streamed=True) as engine:
+        engine.add_request(long_short)
+        got: dict[str, list[int]] = {"short": [], "long": []}
+        passes_before_first_token, step = 0, 0
+        while engine.num_running:
+            if step == 1:
+                engine.add_request(request("long"))
+            output = engine.step()
+            assert not output.failures
+            for delta in output.deltas:
+                got[delta.request_id] += delta.token_ids
+            if step >= 1 and not got["long"]:
+                passes_before_first_token += 1
+            step += 1
+    assert passes_before_first_token >= 2  # the prompt was written in slices, not in the pass it joined
+    assert got["long"] == reference_greedy(model, LONG, NUM_TOKENS["long"])
+    assert got["short"] == want_short

@@ -6,6 +6,7 @@ and a seed's draft KV (moved after the committed prefix) is what the draft compu
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -200,3 +201,80 @@ def test_reoffer_adds_dropped_proposals_once() -> None:
     assert paths >= {(9, 7), (9, 1, 8), (9, 1, 6), (9, 1, 3, 2), (9, 1, 3, 1)}  # dropped proposals are back
     assert tree.num_nodes == 6 + 5  # and nothing twice: siblings stay distinct
     assert (tree.scores[1:] <= tree.scores[tree.parents[1:]]).all()
+
+
+def passes_running() -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name == "target-pass" and thread.is_alive()]
+
+
+@pytest.mark.parametrize("where", ["pass", "extension"])
+def test_a_failure_beside_the_pass_fails_the_step_alone_and_leaves_nothing_running(pair, references, where,
+                                                                                  monkeypatch) -> None:
+    """A failure raised in the overlapped pass's own thread, or in a draft forward of the extension that
+    runs beside it, fails that step's request; no pass is left running, and the next request is exact."""
+    engine = load(pair, overlap=True)
+    target, draft = engine.pair.target, engine.pair.draft
+    in_pass = threading.Event()
+    target_forward, draft_forward = target.forward_groups, draft.forward_groups
+    failures = [1]
+
+    def failing_target(groups):
+        if threading.current_thread().name == "target-pass":
+            in_pass.set()
+            time.sleep(0.05)
+            in_pass.clear()
+            if where == "pass" and failures[0]:
+                failures[0] -= 1
+                raise ValueError("the pass failed")
+        return target_forward(groups)
+
+    def failing_draft(groups):
+        if where == "extension" and in_pass.is_set() and failures[0]:
+            failures[0] -= 1
+            raise ValueError("an extension forward failed")
+        return draft_forward(groups)
+
+    monkeypatch.setattr(target, "forward_groups", failing_target)
+    monkeypatch.setattr(draft, "forward_groups", failing_draft)
+    engine.add_request(Request("bad", PROMPTS[0], greedy(LENGTHS[0])))
+    failed = []
+    while engine.num_running:
+        failed += engine.step().failures
+    assert [request_id for request_id, _ in failed] == ["bad"] and failures == [0]
+    assert passes_running() == []
+    assert engine.generate_ids(PROMPTS[1], greedy(LENGTHS[1])) == references[1]
+    engine.close()
+
+
+def cuda_spin(engine: Engine, seconds: float) -> None:
+    """Every target layer first spins on the GPU for `seconds` (a kernel queued on the pass's stream,
+    not a host sleep): a slow, copy-bound-like pass the host does not wait for."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    cycles = int(seconds * 10_000_000 / (start.elapsed_time(end) / 1e3))
+    for layer in engine.pair.target.hf_layers:
+        layer.register_forward_pre_hook(lambda module, args: torch.cuda._sleep(cycles))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_overlap_grows_the_draft_during_a_gpu_bound_pass(same_pair) -> None:
+    """On CUDA the pass runs on its own stream and the draft on another: with each target layer spinning
+    on the GPU, every step's extension runs draft forwards while the pass is still running (before the
+    fix, the draft's host syncs waited on the pass's stream: zero forwards), and the output is exact."""
+    engine = Engine.load(EngineConfig(
+        model=ModelConfig(target=same_pair[0], draft=same_pair[1], device="cuda", dtype="float32"),
+        speculation=SpeculationConfig(budget=16, max_depth=6),  # overlap auto: on for CUDA
+        limits=LimitsConfig(max_context=256),
+    ))
+    assert engine.config.speculation.overlap is True and engine.pass_streams is not None
+    cuda_spin(engine, 0.02)
+    deltas = list(engine.generate(Request("r", PROMPTS[2], greedy(LENGTHS[2]))))
+    model = AutoModelForCausalLM.from_pretrained(same_pair[0], dtype=torch.float32)
+    assert [t for d in deltas for t in d.token_ids] == reference_greedy(model, PROMPTS[2], LENGTHS[2])
+    grown = [d.stats.extension_forwards for d in deltas if d.stats is not None]
+    assert grown and min(grown[:-1]) >= 1, grown  # the last step may have too few tokens left to extend
+    engine.close()

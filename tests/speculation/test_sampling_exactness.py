@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 
 import pytest
 import torch
@@ -200,6 +201,37 @@ def test_continuations_follow_the_target(make_tree, params):
     print(f"{make_tree.__name__} {params.temperature}: p(first token)={p_first:.3g} p(3 tokens)={p_seq:.3g}")
     assert p_first > 1e-3
     assert p_seq > 1e-3
+
+
+QUICK = SamplingParams(temperature=0.8, top_p=0.9, top_k=4, min_p=0.2,
+                       presence_penalty=0.4, frequency_penalty=0.3, repetition_penalty=1.3)
+QUICK_SAMPLES = 2_000  # about 1.5 s; every sampling step in QUICK acts, and dropping any one is detected
+
+
+def quick_samples(seed: int = 11) -> tuple[float, float]:
+    gen = make_generator(seed, torch.device("cpu"))
+    samples = [speculative_continuation(specexec_tree, QUICK, gen) for _ in range(QUICK_SAMPLES)]
+    exact = exact_distribution(QUICK)
+    return chi_square_p([s[:1] for s in samples], marginal(exact, 1)), chi_square_p(samples, exact)
+
+
+def test_continuations_follow_the_target_quick():
+    """The quick loop's chi-square (`scripts/test.sh --quick`): SpecExec trees, seeded, with temperature,
+    top_k, top_p, min_p and all three penalties."""
+    p_first, p_seq = quick_samples()
+    assert p_first > 1e-3 and p_seq > 1e-3, (p_first, p_seq)
+
+
+@pytest.mark.parametrize("broken", ["shared-noise", "no-min-p", "no-penalties"])
+def test_the_quick_chi_square_detects_a_broken_sampler(monkeypatch, broken):
+    if broken == "shared-noise":
+        monkeypatch.setattr(verify, "sample_tokens", shared_noise_sampler)
+    elif broken == "no-min-p":
+        monkeypatch.setattr(sampling, "apply_min_p", lambda logits, min_p: logits)
+    else:
+        monkeypatch.setattr(sampling, "apply_penalties", lambda logits, *args, **kwargs: logits)
+    monkeypatch.setattr(sys.modules[__name__], "_TREES", {})  # trees grown under the broken processing
+    assert quick_samples()[1] < 1e-6
 
 
 def root_only_tree(root: int, params: SamplingParams, gen: torch.Generator) -> Tree:

@@ -4,6 +4,8 @@ requests is written in slices across steps, while they keep emitting tokens."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -63,12 +65,18 @@ def drive(engine: Engine, joins: dict[int, list[Request]]) -> tuple[dict[str, li
     return tokens, failures, steps
 
 
-@pytest.mark.parametrize("pattern", ["[^\\s\\S]", None])
-def test_an_empty_grammar_fails_alone(pair, model, pattern) -> None:
-    """A regex that matches nothing (or a schema that only refers to itself) compiles; its request
-    fails with a StructuredOutputError at its first step, and the three beside it finish exactly."""
+EMPTY = {"regex": StructuredOutput("regex", "[^\\s\\S]"),  # allows no first token
+         # allows '"', then nothing: a dead end after the first token
+         "dead-end": StructuredOutput("json_schema", json.dumps({"type": "string", "pattern": "[^\\s\\S]"}))}
+
+
+@pytest.mark.parametrize("empty", list(EMPTY))
+def test_an_empty_grammar_fails_alone(pair, model, empty) -> None:
+    """A regex that matches nothing, or a string pattern that matches nothing, compiles; its request
+    fails with a StructuredOutputError (no tree node is sampled from an empty distribution, no assertion
+    trips), and the three beside it finish exactly."""
     engine = load(pair)
-    spec = StructuredOutput("regex", pattern) if pattern else StructuredOutput("json_schema", '{"$ref": "#"}')
+    spec = EMPTY[empty]
     requests = [Request(f"r{i}", p, greedy()) for i, p in enumerate(PROMPTS)]
     requests.insert(1, Request("bad", PROMPTS[0], greedy(structured_output=spec)))
     tokens, failures, _ = drive(engine, {0: requests})

@@ -1,0 +1,138 @@
+"""The full-shape section: an 80-layer Llama-3-70B-shaped 4-bit target streamed from pinned RAM beside
+a Llama-3.2-1B-shaped draft, GPU memory capped at a 24 GB card's (fullshape_build says how the pair
+is made). Tables: int4 vs dequantize by rows per call; the streamed pass against max(copy, compute);
+engine steps by budget x overlap x streams (draft, pass, copy, overlap and step ms, draft forwards
+grown during the pass, peak memory against the plan); a 3,800-token prompt joining a running stream;
+and the measured costs turned into tokens/s for a user on a PCIe 4.0 x16 link."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import torch
+
+from bench.gpu_check.context import CheckContext
+from bench.gpu_check.fullshape_build import build_engine
+from bench.gpu_check.fullshape_kernels import kernel_rows, pass_rows
+from bench.gpu_check.fullshape_report import (
+    StepRow,
+    print_join,
+    print_kernels,
+    print_passes,
+    print_steps,
+    print_users,
+)
+from bench.gpu_check.probes import GB, peak_bytes, reset_peak
+from engine.model import memory_plan
+from engine.runtime import Engine
+from engine.types import PassStats, Request, SamplingParams
+
+MAX_JOIN_STEPS = 200  # the joining prompt's first token within this many steps and seconds, or the table
+MAX_JOIN_SECONDS = 90.0  # says how far it got
+
+
+def greedy(tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+
+
+def prompt(ctx: CheckContext, length: int, salt: int) -> list[int]:
+    generator = torch.Generator().manual_seed(ctx.plan.seed + salt)
+    return torch.randint(3, ctx.plan.full.vocab_size, (length,), generator=generator).tolist()
+
+
+def run_steps(engine: Engine, requests: list[Request], warmup: int, measured: int) -> list[PassStats]:
+    """Add the requests, run warmup + measured steps, abort them; the measured steps' stats."""
+    for request in requests:
+        engine.add_request(request)
+    stats: list[PassStats] = []
+    try:
+        for step in range(warmup + measured):
+            output = engine.step()
+            if output.failures:
+                raise RuntimeError(f"a request failed: {output.failures[0][1]}")
+            if step >= warmup and output.stats is not None:
+                stats.append(output.stats)
+    finally:
+        for request in requests:
+            engine.abort_request(request.request_id)
+    return stats
+
+
+def step_row(ctx: CheckContext, base: Engine, budget: int, overlap: bool, streams: int) -> StepRow:
+    full = ctx.plan.full
+    engine = base.with_speculation(dataclasses.replace(base.config.speculation, budget=budget, overlap=overlap))
+    requests = [Request(f"b{budget}-o{int(overlap)}-s{streams}-{i}", prompt(ctx, full.prompt_len, i),
+                        greedy(full.max_context // 2)) for i in range(streams)]
+    reset_peak(ctx.device)
+    stats = run_steps(engine, requests, full.warmup_steps, full.measured_steps)
+    planned = memory_plan.plan_memory(engine.memory_plan_inputs(budget)).total
+    return StepRow(budget, overlap, streams, stats, peak_bytes(ctx.device), planned)
+
+
+def join_gaps(ctx: CheckContext, base: Engine) -> tuple[float, float, int, float, bool]:
+    """A greedy stream at budget 256, overlap on; the long prompt joins after join_steps_before steps.
+    (median step before, longest step until the prompt's first token, steps that took, its wait s,
+    whether the first token came within MAX_JOIN_STEPS and MAX_JOIN_SECONDS)."""
+    full = ctx.plan.full
+    engine = base.with_speculation(dataclasses.replace(base.config.speculation, budget=min(full.budgets),
+                                                       overlap=ctx.device.type == "cuda"))
+    stream = Request("stream", prompt(ctx, full.prompt_len, 100), greedy(full.max_context // 2))
+    joining = Request("join", prompt(ctx, full.join_len, 101), greedy(8))
+    engine.add_request(stream)
+    try:
+        before = [engine.step().stats.step_seconds for _ in range(full.warmup_steps + full.join_steps_before)]
+        engine.add_request(joining)
+        begin, after, first = time.perf_counter(), [], False
+        while not first and len(after) < MAX_JOIN_STEPS and time.perf_counter() - begin < MAX_JOIN_SECONDS:
+            output = engine.step()
+            after.append(output.stats.step_seconds)
+            first = any(d.request_id == "join" and d.token_ids for d in output.deltas)
+        waited = time.perf_counter() - begin
+    finally:
+        engine.abort_request("stream")
+        engine.abort_request("join")
+    return statistics.median(before[full.warmup_steps:]), max(after), len(after), waited, first
+
+
+def fullshape_section(ctx: CheckContext) -> None:
+    full, device, report = ctx.plan.full, ctx.device, ctx.report
+    cuda = device.type == "cuda"
+    if cuda:  # CUDA-only: a 24 GB card emulated
+        total = torch.cuda.mem_get_info(device)[1]
+        torch.cuda.set_per_process_memory_fraction(min(1.0, full.memory_cap_gb * GB / total), device.index or 0)
+    try:
+        kernels = kernel_rows(full, device, ctx.dtype)
+        print_kernels(ctx, kernels)
+        begin = time.perf_counter()
+        engine = build_engine(full, device, ctx.dtype, ctx.plan.seed)
+        report.line(f"Built and planned in {time.perf_counter() - begin:.1f} s: {full.num_layers} int4 layers "
+                    f"(group {full.group_size}, {ctx.plan.full.hidden} hidden, MLP {full.mlp}) streamed from "
+                    f"{'pinned ' if cuda else ''}RAM, {streamed_gb(engine):.2f} GB per pass; memory cap "
+                    f"{f'{full.memory_cap_gb} GB' if cuda else 'n/a (CPU)'}; plan {engine.memory_plan_inputs().max_running} "
+                    f"running requests.")
+        try:
+            run_sections(ctx, engine)
+        finally:
+            engine.close()
+    finally:
+        if cuda:  # CUDA-only
+            torch.cuda.set_per_process_memory_fraction(1.0, device.index or 0)
+
+
+def streamed_gb(engine: Engine) -> float:
+    streamer = engine.pair.target.layers
+    return sum(streamer.layouts[idx].nbytes for idx in streamer.streamed) / GB
+
+
+def run_sections(ctx: CheckContext, engine: Engine) -> None:
+    full = ctx.plan.full
+    tree_sizes = sorted({1, *(budget + 1 for budget in full.budgets)})
+    passes = pass_rows(engine.pair.target, full, ctx.device, tree_sizes)
+    print_passes(ctx, passes)
+    rows = [step_row(ctx, engine, budget, overlap, streams)
+            for budget in full.budgets for overlap in (False, True) for streams in full.streams]
+    print_steps(ctx, rows, passes)
+    print_join(ctx, *join_gaps(ctx, engine))
+    print_users(ctx, rows, passes, streamed_gb(engine) * GB)
