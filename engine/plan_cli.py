@@ -75,15 +75,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def with_draft(config: EngineConfig, total_bytes: int) -> EngineConfig:
-    """The draft a plan uses: one named; `auto` chosen as the server would (when the target's tokenizer is at
-    hand without a download, or no known draft is listed for it); else models.toml's draft for the target."""
+    """The draft a plan uses: one named; `auto` chosen as the server would where the target's tokenizer can
+    be had (its folder, the hub cache, or, when models.toml names no draft for it, a download of its
+    tokenizer files); else models.toml's draft for the target, or no speculation."""
     if config.model.draft == "auto" and config.speculation.method != "autoregressive":
         from engine.model import hub
 
         target = config.model.target
-        known = config_shapes.read_model_config(target)[0].get("draft") if not hub.is_local(target) else None
-        if hub.is_local(target) or hub.cached_snapshot(target, config.model.revision) is not None or not known:
-            return with_auto_draft(config, total_bytes)
+        known = None if hub.is_local(target) else config_shapes.read_model_config(target)[0].get("draft")
+        at_hand = hub.is_local(target) or hub.cached_snapshot(target, config.model.revision) is not None
+        chosen = with_auto_draft(config, total_bytes) if at_hand or not known else None
+        if chosen is not None:
+            return chosen
         config = config.replace("model", draft="")
     return with_known_draft(config)
 
@@ -113,19 +116,20 @@ def table_config(entry: str) -> tuple[EngineConfig, str]:
     return with_known_draft(config, say=False), f"`{entry}`"
 
 
-def with_auto_draft(config, total_bytes: int):
+def with_auto_draft(config: EngineConfig, total_bytes: int) -> EngineConfig | None:
     """`--draft auto` for a plan: chosen as the server would choose it on this GPU, without weights
-    (the target's tokenizer from its folder or the hub cache, else its tokenizer files downloaded)."""
+    (the target's tokenizer from its folder or the hub cache, else its tokenizer files downloaded);
+    None when the tokenizer cannot be had."""
     import sys
 
     from engine.model import draft_auto, hub
-    from engine.types import CheckpointError
 
     target = config.model.target
     tokens = target if hub.is_local(target) else hub.tokenizer_folder(target)
     if tokens is None:
-        raise CheckpointError(f"--draft auto: {target}'s tokenizer is not in the cache and cannot be downloaded now; "
-                              "name a draft with --draft")
+        print(f"specexec: --draft auto: {target}'s tokenizer is not in the cache and cannot be downloaded now",
+              file=sys.stderr)
+        return None
     draft, why = draft_auto.choose_draft(config, target, total_bytes, f"a {total_bytes / GB:g} GB GPU",
                                          tokens_folder=str(tokens), fetch=False)
     print(f"specexec: {why}", file=sys.stderr)
