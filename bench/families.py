@@ -6,25 +6,30 @@ Llama layer path it replaced (bench.handwritten), on the same runner, weights an
 - the built-in pair's target and draft, resident, at a few token counts;
 - a Llama-shaped padded target (bench.pad_target: the built-in target widened with zero MLP units and
   zero-output layers to ~128 MB layers), every layer streamed from RAM through a ring of 2.
-Rounds alternate the two paths so a shared machine's slow phases hit both alike; the best round counts.
-The two paths' logits are checked equal first (the generic path is exact, the comparison is fair).
+Single passes of the two paths are timed back to back in pairs, so a shared machine's slow phases hit
+both alike; the table gives each path's median and the median of the pairs' ratios. Resident passes are
+timed in CPU time of the computing thread (all their work runs there, one torch thread), streamed passes
+in wall time (the loader thread's copies overlap compute). The two paths' logits are checked equal first.
 
-    python -m bench.families [--tokens 1 32 256] [--padded-tokens 1 32] [--pad-to-gb 1] [--rounds 5]
+    python -m bench.families [--tokens 1 32 256] [--padded-tokens 1 32] [--pad-to-gb 1] [--pairs 300]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 
 import torch
 
 from bench.handwritten import HandwrittenRunner
-from bench.offload import load_unmapped, set_threads, time_passes
+from bench.offload import load_unmapped, set_threads
 from bench.pad_target import cache_root, pad_checkpoint
 from engine.cli import DEFAULT_MODELS
 from engine.config import EngineConfig, ModelConfig, OffloadConfig
 from engine.model.runner import DecoderRunner
 from engine.offload.build import build_offloaded_runner
+from engine.offload.ring import LayerStreamer
 from engine.speculation.tree import causal_mask
 
 GOAL = 1.05  # generic / hand-written per-pass time
@@ -49,25 +54,55 @@ def check_equal(pair: tuple[DecoderRunner, DecoderRunner], num_tokens: int = 9) 
     return float((outs[0] - outs[1]).abs().max())
 
 
-def measure(cases: list[tuple[str, tuple[DecoderRunner, DecoderRunner], list[int]]], rounds: int,
-            passes: int) -> list[tuple[str, int, float, float]]:
-    """(case, tokens, hand-written s, generic s): best of `rounds` alternating rounds."""
-    best: dict[tuple[str, int, int], float] = {}
-    for _ in range(rounds):
-        for name, pair, tokens in cases:
-            for num_tokens in tokens:
-                for path, runner in enumerate(pair):
-                    seconds, _ = time_passes(runner, num_tokens, passes)
-                    key = (name, num_tokens, path)
-                    best[key] = min(best.get(key, float("inf")), seconds)
-    return [(name, n, best[name, n, 0], best[name, n, 1]) for name, _, tokens in cases for n in tokens]
+class PassTimer:
+    """Times single causal passes of one runner over `num_tokens` tokens from slot 0: CPU time of this
+    thread for a resident runner (all its work runs there), wall time for a streamed one (whose loader
+    thread's copies overlap compute; it refills the ring before the next timing)."""
+
+    def __init__(self, runner: DecoderRunner, num_tokens: int):
+        self.runner = runner
+        self.streamed = isinstance(runner.layers, LayerStreamer)
+        self.clock = time.perf_counter if self.streamed else time.thread_time
+        self.ids, self.positions = torch.arange(num_tokens) % runner.vocab_size, torch.arange(num_tokens)
+        self.mask, self.cache = causal_mask(num_tokens, 0, self.ids.device), runner.new_cache(num_tokens)
+        self.once()  # warm-up
+
+    def once(self) -> float:
+        begin = self.clock()
+        self.runner.forward(self.ids, self.positions, self.cache, 0, self.mask)
+        seconds = self.clock() - begin
+        if self.streamed:
+            self.runner.layers.wait_prefetched()
+        return seconds
 
 
-def print_table(rows: list[tuple[str, int, float, float]]) -> None:
+def measure_pairs(pair: tuple[DecoderRunner, DecoderRunner], num_tokens: int, num_pairs: int) -> tuple[float, float, float]:
+    """(hand-written s, generic s, generic / hand-written): single passes of the two paths timed back to
+    back in pairs (order alternating), so both see the same conditions of a shared machine; the times
+    are each path's median, the ratio the median of the pairs' ratios."""
+    timers = [PassTimer(runner, num_tokens) for runner in pair]
+    times: list[list[float]] = [[], []]
+    for i in range(num_pairs):
+        for path in ((0, 1) if i % 2 == 0 else (1, 0)):
+            times[path].append(timers[path].once())
+    ratios = [generic / hand for hand, generic in zip(*times, strict=True)]
+    return statistics.median(times[0]), statistics.median(times[1]), statistics.median(ratios)
+
+
+def measure(cases: list[tuple[str, tuple[DecoderRunner, DecoderRunner], list[int]]], num_pairs: int,
+            streamed_pairs: int) -> list[tuple[str, int, float, float, float]]:
+    """(case, tokens, hand-written s, generic s, ratio) of every case and token count."""
+    rows = []
+    for name, pair, tokens in cases:
+        pairs = streamed_pairs if isinstance(pair[1].layers, LayerStreamer) else num_pairs
+        rows += [(name, n, *measure_pairs(pair, n, pairs)) for n in tokens]
+    return rows
+
+
+def print_table(rows: list[tuple[str, int, float, float, float]]) -> None:
     print("| model | tokens | hand-written ms | generic ms | generic / hand-written |")
     print("|---|--:|--:|--:|--:|")
-    for name, num_tokens, hand, generic in rows:
-        ratio = generic / hand
+    for name, num_tokens, hand, generic, ratio in rows:
         print(f"| {name} | {num_tokens} | {hand * 1e3:.2f} | {generic * 1e3:.2f} | {ratio:.3f}"
               f"{'' if ratio <= GOAL else ' (over the 5% goal)'} |")
 
@@ -84,9 +119,11 @@ def run(args: argparse.Namespace) -> int:
     for name, pair, _ in cases:
         error = check_equal(pair)
         assert error < 1e-4, f"{name}: the two paths' logits differ by {error}"
-    rows = measure(cases, args.rounds, args.passes)
-    print(f"CPU, torch {torch.__version__}, {torch.get_num_threads()} torch thread(s), fp32; best of {args.rounds} "
-          f"alternating rounds x {args.passes} back-to-back passes of a causal pass over `tokens` tokens\n")
+    rows = measure(cases, args.pairs, args.streamed_pairs)
+    print(f"CPU, torch {torch.__version__}, {torch.get_num_threads()} torch thread(s), fp32; {args.pairs} pairs of "
+          f"single passes ({args.streamed_pairs} streamed), the two paths back to back; median times and median "
+          f"ratio of a causal pass over `tokens` tokens (resident: CPU time of the computing thread; streamed: "
+          f"wall time)\n")
     print_table(rows)
     for _, pair, _ in cases:
         if hasattr(pair[1].layers, "close"):
@@ -98,8 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 256], help="tokens per resident pass")
     parser.add_argument("--padded-tokens", type=int, nargs="+", default=[1, 32], help="tokens per streamed pass")
     parser.add_argument("--pad-to-gb", type=float, default=1.0, help="padded target's size (fp32 GB)")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds; the best counts")
-    parser.add_argument("--passes", type=int, default=10, help="back-to-back passes per timing")
+    parser.add_argument("--pairs", type=int, default=300, help="pairs of resident passes (one of each path)")
+    parser.add_argument("--streamed-pairs", type=int, default=15, help="pairs of streamed passes")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores but one)")
 
 

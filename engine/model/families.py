@@ -49,9 +49,9 @@ FAMILIES = (
 BY_ARCHITECTURE = {arch: family for family in FAMILIES for arch in family.architectures}
 SUPPORTED_ARCHS = tuple(BY_ARCHITECTURE)
 
-LINEAR_ATTENTION = "linear-attention hybrid (recurrent state layers the engine's KV cache cannot hold)"
-MLA = "multi-head latent attention (compressed KV the engine's cache does not hold)"
-MULTIMODAL = "multimodal checkpoint (the engine runs text-only causal LMs; use the text model's checkpoint)"
+LINEAR_ATTENTION = "linear-attention hybrid (recurrent-state layers, which the engine's KV cache cannot hold)"
+MLA = "model with multi-head latent attention (compressed keys and values, which the engine's KV cache does not hold)"
+MULTIMODAL = "multimodal checkpoint (the engine runs text-only causal LMs: use a text-only checkpoint of its language model)"
 REFUSED = {  # config.json architecture -> why it cannot run here
     **dict.fromkeys(("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
                      "Qwen3_5MoeForConditionalGeneration", "GraniteMoeHybridForCausalLM", "FalconH1ForCausalLM",
