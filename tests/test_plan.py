@@ -166,3 +166,9 @@ def test_the_plan_is_the_engines_plan(pairs, arch):
             assert abs(got.inputs.loaded[name] - nbytes) <= max(0.02 * nbytes, 64 * 1024), name
     finally:
         engine.close()
+
+
+def test_a_family_the_engine_refuses_is_refused_by_the_plan_too(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"}))
+    code = main(["plan", "--target", str(tmp_path), "--method", "autoregressive", "--gpu-memory-total", "24"])
+    assert code == 2 and "linear-attention hybrid" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import tomllib
 
-from engine.model import layer_shapes
+from engine.model import families, layer_shapes
 from engine.model.memory_plan import ModelShape
 from engine.types import CheckpointError
 
@@ -44,7 +44,11 @@ def read_model_config(model: str) -> tuple[dict, str]:
     if not config_file.is_file():
         config_file = hub.model_config_file(model, download=False) or Path(model) / "config.json"
     if config_file.is_file():
-        return json.loads(config_file.read_text()), str(config_file)
+        config = json.loads(config_file.read_text())
+        refused = families.refusal(config.get("architectures") or [])
+        if refused is not None:  # what the load refuses, the plan refuses too
+            raise CheckpointError(f"{model}: {refused}")
+        return config, str(config_file)
     known = known_models()
     if model in known:
         return known[model], f"{KNOWN_SHAPES.name} [{model}]"

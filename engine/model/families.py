@@ -58,7 +58,7 @@ REFUSED = {  # config.json architecture -> why it cannot run here
                      "JambaForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM", "Lfm2ForCausalLM",
                      "Lfm2MoeForCausalLM", "MiniMaxForCausalLM", "MambaForCausalLM", "Mamba2ForCausalLM",
                      "RecurrentGemmaForCausalLM", "Zamba2ForCausalLM", "KimiLinearForCausalLM"), LINEAR_ATTENTION),
-    **dict.fromkeys(("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK2ForCausalLM",
+    **dict.fromkeys(("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
                      "Glm4MoeLiteForCausalLM", "LongcatFlashForCausalLM"), MLA),
     **dict.fromkeys(("Gemma3ForConditionalGeneration", "Gemma3nForConditionalGeneration", "Mistral3ForConditionalGeneration",
                      "LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration",
