@@ -26,6 +26,7 @@ class Family:
     logits_multiplier: str | None = None  # config field: logits x value
     logits_softcap: str | None = None  # config field: logits = cap * tanh(logits / cap) when set
     eager_attention: bool = False  # its attention has sinks: attend_eager, score blocks in memory (the plan counts them)
+    linear_attention: bool = False  # Gated DeltaNet layers between its attention layers (engine.model.linear_attention)
 
 
 FAMILIES = (
@@ -45,22 +46,26 @@ FAMILIES = (
     Family("Cohere2", ("Cohere2ForCausalLM",), logits_multiplier="logit_scale"),
     Family("SmolLM3", ("SmolLM3ForCausalLM",)),
     Family("Ministral", ("MinistralForCausalLM",)),
+    Family("Qwen3-Next", ("Qwen3NextForCausalLM",), linear_attention=True),
+    Family("Qwen3.5 (text)", ("Qwen3_5ForCausalLM",), linear_attention=True),
+    Family("Qwen3.5-MoE (text)", ("Qwen3_5MoeForCausalLM",), linear_attention=True),
 )
 BY_ARCHITECTURE = {arch: family for family in FAMILIES for arch in family.architectures}
 SUPPORTED_ARCHS = tuple(BY_ARCHITECTURE)
 
-LINEAR_ATTENTION = "linear-attention hybrid (recurrent-state layers, which the engine's KV cache cannot hold)"
+LINEAR_ATTENTION = ("linear-attention hybrid whose recurrent layers the engine does not run (it runs Gated DeltaNet "
+                    "hybrids: Qwen3-Next, Qwen3.5)")
 MLA = "model with multi-head latent attention (compressed keys and values, which the engine's KV cache does not hold)"
 MULTIMODAL = "multimodal checkpoint (the engine runs text-only causal LMs: use a text-only checkpoint of its language model)"
 REFUSED = {  # config.json architecture -> why it cannot run here
-    **dict.fromkeys(("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
-                     "Qwen3_5MoeForConditionalGeneration", "GraniteMoeHybridForCausalLM", "FalconH1ForCausalLM",
+    **dict.fromkeys(("GraniteMoeHybridForCausalLM", "FalconH1ForCausalLM",
                      "JambaForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM", "Lfm2ForCausalLM",
                      "Lfm2MoeForCausalLM", "MiniMaxForCausalLM", "MambaForCausalLM", "Mamba2ForCausalLM",
                      "RecurrentGemmaForCausalLM", "Zamba2ForCausalLM", "KimiLinearForCausalLM"), LINEAR_ATTENTION),
     **dict.fromkeys(("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
                      "Glm4MoeLiteForCausalLM", "LongcatFlashForCausalLM"), MLA),
-    **dict.fromkeys(("Gemma3ForConditionalGeneration", "Gemma3nForConditionalGeneration", "Mistral3ForConditionalGeneration",
+    **dict.fromkeys(("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                     "Gemma3ForConditionalGeneration", "Gemma3nForConditionalGeneration", "Mistral3ForConditionalGeneration",
                      "LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration",
                      "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
                      "Qwen3VLMoeForConditionalGeneration", "Llama4ForConditionalGeneration",
@@ -119,6 +124,9 @@ def layer_windows(config, layers: list[torch.nn.Module]) -> list[int | None]:
     config's (Mistral, Mixtral and Phi-3 pass config.sliding_window from every layer)."""
     windows = []
     for layer in layers:
-        attn = layer.self_attn
+        attn = getattr(layer, "self_attn", None)
+        if attn is None:  # a linear-attention layer (no KV, no mask)
+            windows.append(None)
+            continue
         windows.append(attn.sliding_window if hasattr(attn, "sliding_window") else getattr(config, "sliding_window", None))
     return windows

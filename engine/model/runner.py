@@ -22,10 +22,12 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from engine.model import families
+from engine.model import families, linear_attention
 from engine.model.attention import additive_mask, attend, attention_backends, window_masks
 from engine.model.hf_attention import GroupInputs, SegmentInputs, engine_attention
+from engine.model.hybrid_cache import HybridCache
 from engine.model.kv_cache import KVCache
+from engine.model.linear_state import LinearShape
 
 # wrappers transformers puts around a decoder layer's forward that do nothing in the engine's pass, skipped
 # (by the wrapper function's own name): gradient checkpointing (training only; 5.24 wraps forward, 5.17
@@ -112,6 +114,12 @@ class DecoderRunner:
         # embedding is smaller than the target's padded vocabulary); None: every fed id is embeddable
         self.fallback_input_id: int | None = None
         self.windows = families.layer_windows(cfg, self.hf_layers)  # per layer, None = full
+        # per layer: a Gated DeltaNet layer (recurrent state in a HybridCache) rather than attention
+        self.linear_layers = [hasattr(layer, "linear_attn") for layer in self.hf_layers]
+        self.attention_layers = [idx for idx, linear in enumerate(self.linear_layers) if not linear]
+        for layer in self.hf_layers:
+            if hasattr(layer, "linear_attn"):
+                linear_attention.install(type(layer.linear_attn))
         self.rotary_keys = self._rotary_keys()  # per layer: which rotary table it reads
         self.rotary_key_set = sorted(set(self.rotary_keys), key=str)
         # per layer: its class's forward, called as forward(layer, ...): no module hooks (the engine sets none)
@@ -133,7 +141,18 @@ class DecoderRunner:
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
-    def new_cache(self, capacity: int) -> KVCache:
+    @property
+    def linear_shape(self) -> LinearShape | None:
+        """The state dimensions of a hybrid model's linear-attention layers (None: it has none)."""
+        return LinearShape.from_config(self.config) if any(self.linear_layers) else None
+
+    def new_cache(self, capacity: int, pending_slots: int | None = None) -> KVCache:
+        """A cache of `capacity` slots; a hybrid model's keeps `pending_slots` uncommitted tokens' rows of
+        its linear layers (None: capacity)."""
+        shape = self.linear_shape
+        if shape is not None:
+            return HybridCache(self.linear_layers, self.num_kv_heads, self.head_dim, capacity, self.dtype,
+                               self.device, shape, capacity if pending_slots is None else pending_slots)
         return KVCache(
             len(self.hf_layers), self.num_kv_heads, self.head_dim, capacity, self.dtype, self.device
         )
@@ -251,7 +270,7 @@ class DecoderRunner:
         EFFICIENT_ATTENTION). Reads layer 0's cache slots, writes nothing."""
         kv_len = cache.length + num_tokens
         query = torch.zeros(num_tokens, self.num_heads, self.head_dim, dtype=self.dtype, device=self.device)
-        keys, values = cache.view(0, kv_len)  # [kv_heads, kv_len, head_dim]
+        keys, values = cache.view(self.attention_layers[0], kv_len)  # [kv_heads, kv_len, head_dim]
         allowed = torch.ones(num_tokens, kv_len, dtype=torch.bool, device=self.device)
         try:
             with sdpa_kernel([backend]):

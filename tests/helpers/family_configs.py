@@ -24,16 +24,23 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
     SmolLM3Config,
 )
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
 WINDOW = 5  # sliding window of the families that have one: shorter than every test sequence
 
 # the families of the README's "supported models", in its order
 FAMILIES = (
     "llama", "mistral", "qwen2", "mixtral", "qwen3", "qwen3_moe", "gemma3", "phi3", "gpt_oss", "glm4",
-    "olmo2", "granite", "cohere2", "smollm3", "ministral",
+    "olmo2", "granite", "cohere2", "smollm3", "ministral", "qwen3_next", "qwen3_5_text",
 )
+HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_text")  # Gated DeltaNet layers between attention layers
+# Gated DeltaNet state at toy sizes, grouped as the hub's (Qwen3-Next: 16 key heads serve 32 value heads);
+# the convolution window (4, as every checkpoint) is shorter than the tests' paths, so it binds
+LINEAR_FIELDS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                     linear_value_head_dim=8, linear_conv_kernel_dim=4)
 
 
 def alternating(num_layers: int, pattern: int) -> list[str]:
@@ -42,6 +49,15 @@ def alternating(num_layers: int, pattern: int) -> list[str]:
     kinds = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
     if "full_attention" not in kinds:
         kinds[-1] = "full_attention"
+    return kinds
+
+
+def hybrid(num_layers: int, interval: int = 4) -> list[str]:
+    """Hub layer pattern of the Gated DeltaNet hybrids: `interval - 1` linear layers, then a full one; both
+    kinds present in any model of 2 layers or more (the last is full, the first linear)."""
+    kinds = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)]
+    kinds[-1] = "full_attention"
+    kinds[0] = "linear_attention" if num_layers > 1 else kinds[0]
     return kinds
 
 
@@ -94,4 +110,13 @@ def family_config(family: str, common: dict) -> PretrainedConfig:
         return SmolLM3Config(**common, no_rope_layers=[1] * (layers - 1) + [0], use_sliding_window=False)
     if family == "ministral":  # Ministral-8B: interleaved sliding and full layers
         return MinistralConfig(**common, head_dim=head_dim, sliding_window=WINDOW, layer_types=alternating(layers, 2))
+    if family == "qwen3_next":  # 3:1 Gated DeltaNet / gated attention, partial rotary 0.25, MoE with shared expert
+        return Qwen3NextConfig(**common, **LINEAR_FIELDS, head_dim=2 * head_dim, layer_types=hybrid(layers),
+                               num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden,
+                               shared_expert_intermediate_size=hidden, decoder_sparse_step=1,
+                               mlp_only_layers=[], norm_topk_prob=True)
+    if family == "qwen3_5_text":  # Qwen3.5 dense: 3:1 Gated DeltaNet / gated attention, mrope-shaped rotary
+        return Qwen3_5TextConfig(**common, **LINEAR_FIELDS, head_dim=2 * head_dim, layer_types=hybrid(layers),
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0,
+                                                  "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1]})
     raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")

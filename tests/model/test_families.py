@@ -91,8 +91,8 @@ def test_greedy_speculation_equals_transformers_generate(pairs, family, mode):
 
 
 REFUSED = [
-    ("Qwen3NextForCausalLM", "linear-attention hybrid"),
-    ("Qwen3_5ForCausalLM", "linear-attention hybrid"),
+    ("JambaForCausalLM", "linear-attention hybrid"),
+    ("FalconH1ForCausalLM", "linear-attention hybrid"),
     ("DeepseekV3ForCausalLM", "multi-head latent attention"),
     ("Gemma3ForConditionalGeneration", "multimodal checkpoint"),
     ("BertForMaskedLM", "not supported"),
