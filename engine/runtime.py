@@ -30,7 +30,7 @@ from engine.model.pair import LoadedPair, load_pair
 from engine.offload.device import PassStreams
 from engine.scheduler import Running, Scheduler
 from engine.speculation.batch import run_batch
-from engine.speculation.budget import BudgetTracker, calibration_budgets
+from engine.speculation.budget import BudgetTracker, budget_grid, calibration_budgets
 from engine.speculation.drafter import Drafter
 from engine.speculation.grammar import GrammarCache
 from engine.speculation.rrs_shape import ShapeBook
@@ -125,6 +125,7 @@ class Engine:
         requests and cache slots when short, logged), check the plan against free device memory,
         then allocate the pool. Raises ConfigError saying what does not fit and what to change."""
         limits = self.config.limits
+        self.cap_budget_for_states()
         inputs = self.memory_plan_inputs()
         fit = memory_plan.kv_slots_that_fit(inputs, memory.free_device_memory(self.device))
         self.max_running = max(1, min(limits.max_running, fit))
@@ -137,6 +138,9 @@ class Engine:
         plan = memory_plan.plan_memory(inputs)
         memory_plan.check_fits(inputs, plan, memory.free_device_memory(self.device), str(self.device))
         log.info("device memory plan on %s: %s in all (%s)", self.device, memory_plan.gb(plan.total), plan.describe())
+        if inputs.target.linear is not None and limits.prefix_cache_slots > 0:
+            log.info("prefix cache: the target's linear-attention state cannot be cut at a shared prefix, so a "
+                     "cached sequence is reused only when a prompt extends all of it (a conversation's next turn)")
         try:
             self._use_pool(self._new_pool(inputs.kv_slots, reuse=limits.prefix_cache_slots > 0))
         except torch.OutOfMemoryError as exc:
@@ -149,14 +153,45 @@ class Engine:
         raise ConfigError("limits.max_context", f"the KV caches do not fit on {self.device} ({message}); lower "
                           f"--max-context (now {self.max_context}), --max-running or --budget, or use a smaller draft")
 
+    def cap_budget_for_states(self) -> None:
+        """A hybrid model keeps every tree node's linear-attention rows until the commit (memory_plan:
+        linear-attention states): where one KV slot's no longer fits beside the rest, the budget is capped
+        to the largest that fits, with a log line (check_fits refuses when none does)."""
+        inputs = self.memory_plan_inputs()
+        if inputs.target.linear is None and (inputs.draft is None or inputs.draft.linear is None):
+            return
+        free = memory.free_device_memory(self.device)
+        if memory_plan.kv_slots_that_fit(inputs, free) > 0:
+            return
+        low, high, best = 1, self.budget - 1, None
+        while low <= high:
+            mid = (low + high) // 2
+            if memory_plan.kv_slots_that_fit(self.memory_plan_inputs(mid), free) > 0:
+                best, low = mid, mid + 1
+            else:
+                high = mid - 1
+        if best is None:
+            return
+        per_node = memory_plan.linear_state_bytes(inputs.target, 1) - memory_plan.linear_state_bytes(inputs.target, 0)
+        log.warning("the linear-attention rows of a %d-node tree (%s a node) do not fit on %s beside the rest: "
+                    "budget capped to %d", self.budget + 1, memory_plan.gb(per_node), self.device, best)
+        spec = self.config.speculation
+        if isinstance(spec.budget, int):
+            self.config = dataclasses.replace(self.config, speculation=dataclasses.replace(spec, budget=best))
+        else:
+            self.budget_tracker = BudgetTracker(grid=budget_grid(best))
+
     def _new_pool(self, num_slots: int, reuse: bool) -> KVPool:
         spec = self.config.speculation
         target_capacity, draft_capacity = memory_plan.cache_capacities(
             self.max_context, self.budget, spec.max_depth, spec.max_expand
         )
-        draft = self.pair.draft
+        draft, target = self.pair.draft, self.pair.target
+        # pending tokens (tree nodes, expanded draft nodes) beyond the context: a hybrid model's pending rows
+        target_pending, draft_pending = target_capacity - self.max_context, draft_capacity - self.max_context
         slots = [
-            KVSlot(self.pair.target.new_cache(target_capacity), draft.new_cache(draft_capacity) if draft else None)
+            KVSlot(target.new_cache(target_capacity, target_pending),
+                   draft.new_cache(draft_capacity, draft_pending) if draft else None)
             for _ in range(num_slots)
         ]
         return KVPool(slots, reuse)

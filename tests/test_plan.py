@@ -147,7 +147,7 @@ def test_shapes_arithmetic_gives_the_loaded_bytes(pairs, arch):
     assert config_shapes.shape_from_config(config, 4) == memory_plan.shape_of(runner)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mixtral", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["llama", "mixtral", "qwen3_moe", "gpt_oss", "qwen3_next", "qwen3_5_text"])
 def test_the_plan_is_the_engines_plan(pairs, arch):
     """On CPU the engine's plan has no CUDA reserve; everything else (KV caches, logits, masks,
     activations, workspaces) is the same arithmetic on the same inputs."""
@@ -169,6 +169,6 @@ def test_the_plan_is_the_engines_plan(pairs, arch):
 
 
 def test_a_family_the_engine_refuses_is_refused_by_the_plan_too(capsys, tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"}))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["JambaForCausalLM"], "model_type": "jamba"}))
     code = main(["plan", "--target", str(tmp_path), "--method", "autoregressive", "--gpu-memory-total", "24"])
     assert code == 2 and "linear-attention hybrid" in capsys.readouterr().err

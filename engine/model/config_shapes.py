@@ -22,6 +22,7 @@ from pathlib import Path
 import tomllib
 
 from engine.model import families, layer_shapes
+from engine.model.linear_state import LinearShape
 from engine.model.memory_plan import ModelShape
 from engine.types import CheckpointError
 
@@ -86,6 +87,8 @@ def shape_from_config(config: dict, dtype_bytes: int) -> ModelShape:
         hidden_size=hidden, intermediate_size=layer_shapes.mlp_width(cfg), vocab_size=config["vocab_size"],
         dtype_bytes=dtype_bytes, num_windows=len(layer_shapes.config_windows(cfg)),
         attention_scratch_bytes=layer_shapes.attention_scratch_bytes(layer_shapes.family_of_config(cfg)),
+        num_linear_layers=layer_shapes.num_linear_layers(cfg),
+        linear=LinearShape.from_config(cfg) if layer_shapes.num_linear_layers(cfg) else None,
     )
 
 

@@ -41,6 +41,14 @@ class KVCache:
         self.keys[layer_idx, :, start_slot:end] = keys
         self.values[layer_idx, :, start_slot:end] = values
 
+    def reusable_prefix(self, num_shared: int) -> int:
+        """Committed slots a sequence sharing `num_shared` tokens with them can keep (any prefix)."""
+        return min(num_shared, self.length)
+
+    def room(self, next_slot: int) -> int:
+        """Slots that may still be written from `next_slot` on."""
+        return self.capacity - next_slot
+
     def write_positions(self, start_slot: int, position_ids: torch.Tensor) -> None:
         self.positions[start_slot : start_slot + position_ids.shape[0]] = position_ids
 

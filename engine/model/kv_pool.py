@@ -6,7 +6,9 @@ KV of the last sequence that ran in it (prompt and answer) and remembers those t
 sequence reuses the free slot whose tokens share the longest prefix with its prompt and prefills only
 the rest (when that slot holds more than is shared, the shared prefix is copied into the least
 recently used other free slot instead, so the longer entry survives); with no shared prefix it
-takes the least recently used free slot (evicting what it held).
+takes the least recently used free slot (evicting what it held). A hybrid model's cache
+(engine.model.hybrid_cache) cannot be cut: it is reused only when the prompt shares everything it holds
+(a conversation's next turn), else as no shared prefix.
 Slots beyond the running ones are the cache's memory bound; with reuse off every sequence prefills
 everything.
 """
@@ -58,12 +60,13 @@ class KVPool:
         assert free, "acquire needs a free slot (callers check num_free)"
         reusable = prompt_ids[:-1]
         shared = [common_prefix(slot.token_ids, reusable) if self.reuse else 0 for slot in free]
-        best = max(range(len(free)), key=lambda i: (shared[i], free[i].last_used))
+        usable = [slot.target.reusable_prefix(num) for slot, num in zip(free, shared, strict=True)]
+        best = max(range(len(free)), key=lambda i: (usable[i], shared[i], free[i].last_used))
         source, prefix = free[best], shared[best]
-        target_cached = min(prefix, source.target.length)
-        draft_cached = 0 if source.draft is None else min(prefix, source.draft.length)
+        target_cached = usable[best]  # a hybrid model's state is reused whole or not at all
+        draft_cached = 0 if source.draft is None else source.draft.reusable_prefix(prefix)
         victims = [slot for slot in free if slot is not source]
-        if prefix == 0 or (target_cached < source.target.length and victims):
+        if target_cached == 0 or (target_cached < source.target.length and victims):
             # no shared prefix, or the best slot holds more than this prompt shares (another
             # conversation): take the least recently used other slot, copying the shared prefix
             slot = min(victims or free, key=lambda s: s.last_used)

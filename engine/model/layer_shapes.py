@@ -106,6 +106,11 @@ def config_windows(cfg: PretrainedConfig) -> set[int | None]:
     return {sliding}
 
 
+def num_linear_layers(cfg: PretrainedConfig) -> int:
+    """Gated DeltaNet layers of a hybrid (layer type linear_attention): no KV, a recurrent state."""
+    return sum(kind == "linear_attention" for kind in getattr(cfg, "layer_types", None) or [])
+
+
 def attention_scratch_bytes(family: families.Family | None) -> int:
     """Device bytes of the score blocks of a family on the eager attention path (attend_eager), else 0."""
     return EAGER_ATTENTION_BLOCKS * EAGER_SCORES_BYTES if family is not None and family.eager_attention else 0

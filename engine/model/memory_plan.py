@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from engine.model import layer_shapes
+from engine.model.linear_state import STATE_BYTES, LinearShape
 from engine.model.runner import DecoderRunner
 from engine.types import ConfigError
 
@@ -44,6 +45,8 @@ class ModelShape:
     dtype_bytes: int  # activations and KV
     num_windows: int  # distinct sliding windows: one additive mask each
     attention_scratch_bytes: int = 0  # score blocks of the eager attention path (attention sinks)
+    num_linear_layers: int = 0  # Gated DeltaNet layers: no KV, a recurrent state and pending rows instead
+    linear: LinearShape | None = None  # their state dimensions
 
 
 @dataclass(frozen=True)
@@ -108,9 +111,29 @@ def cache_capacities(max_context: int, budget: int, max_depth: int, max_expand: 
 
 
 def kv_cache_bytes(shape: ModelShape, capacity: int) -> int:
-    """Bytes of KVCache(shape, capacity): keys and values [layers, kv_heads, capacity, head_dim], positions."""
-    per_slot = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
+    """Bytes of KVCache(shape, capacity): keys and values [attention layers, kv_heads, capacity, head_dim],
+    positions."""
+    attention_layers = shape.num_layers - shape.num_linear_layers
+    per_slot = 2 * attention_layers * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
     return capacity * (per_slot + KV_POSITION_BYTES)
+
+
+def linear_state_bytes(shape: ModelShape, pending: int) -> int:
+    """A hybrid model's linear-attention states in one cache (engine.model.linear_state): per linear layer
+    the committed state and convolution window, and `pending` uncommitted tokens' rows (tree nodes)."""
+    if shape.linear is None:
+        return 0
+    per_layer = shape.linear.committed_bytes(shape.dtype_bytes) + pending * shape.linear.pending_bytes(shape.dtype_bytes)
+    return shape.num_linear_layers * per_layer
+
+
+def linear_scratch_bytes(shape: ModelShape, rows: int, past: int) -> int:
+    """The tree delta rule's largest transients in one layer (engine.model.delta_rule): about four
+    [value heads, rows, rows + past] fp32 blocks, and the rows' convolution windows."""
+    if shape.linear is None:
+        return 0
+    blocks = 4 * shape.linear.num_v_heads * rows * (rows + past) * STATE_BYTES
+    return blocks + rows * shape.linear.conv_kernel * shape.linear.conv_dim * shape.dtype_bytes
 
 
 def mask_bytes(shape: ModelShape, rows: int, kv_len: int) -> int:
@@ -133,8 +156,11 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     nodes = inputs.budget + inputs.max_running  # tree nodes scored by one target pass, every root included
     chunk = min(inputs.prefill_chunk, inputs.max_context)
     items = [PlanItem(name, nbytes, True) for name, nbytes in inputs.loaded.items()]
+    target_pending, draft_pending = target_capacity - inputs.max_context, draft_capacity - inputs.max_context
     items += [
         PlanItem("target KV caches", inputs.kv_slots * kv_cache_bytes(target, target_capacity), False),
+        PlanItem("target linear-attention states", inputs.kv_slots * linear_state_bytes(target, target_pending), False),
+        PlanItem("target linear-attention scratch", linear_scratch_bytes(target, inputs.budget + 1, 0), False),
         PlanItem("target logits", nodes * target.vocab_size * (target.dtype_bytes + 4), False),
         PlanItem("logits processing", inputs.logits_processing_bytes, False),
         PlanItem("target masks", mask_bytes(target, max(nodes, chunk), target_capacity), False),
@@ -148,6 +174,8 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
         rows = min(inputs.max_expand, inputs.budget + 1)  # nodes per draft forward (one tree at a time)
         items += [
             PlanItem("draft KV caches", inputs.kv_slots * kv_cache_bytes(draft, draft_capacity), False),
+            PlanItem("draft linear-attention states", inputs.kv_slots * linear_state_bytes(draft, draft_pending), False),
+            PlanItem("draft linear-attention scratch", linear_scratch_bytes(draft, rows, draft_pending), False),
             PlanItem("draft logits", rows * draft.vocab_size * 4 * 3, False),  # logits, log-probs, top-k
             PlanItem("draft masks", mask_bytes(draft, max(rows, chunk), draft_capacity), False),
             PlanItem("draft activations", activation_bytes(draft, max(rows, chunk)), False),
@@ -232,6 +260,8 @@ def shape_of(runner: DecoderRunner) -> ModelShape:
         dtype_bytes=runner.dtype.itemsize,
         num_windows=len(set(runner.windows)),
         attention_scratch_bytes=layer_shapes.attention_scratch_bytes(runner.family),
+        num_linear_layers=sum(runner.linear_layers),
+        linear=runner.linear_shape,
     )
 
 
@@ -259,6 +289,7 @@ def kv_slots_that_fit(inputs: PlanInputs, free_bytes: int) -> int:
     """How many KV slots (a target and a draft cache each) fit in `free_bytes` beside the rest of the
     plan (inputs.kv_slots ignored); 0 when not even one does."""
     one = plan_memory(dataclasses.replace(inputs, kv_slots=1))
-    per_slot = one.bytes_of("target KV caches") + one.bytes_of("draft KV caches")
+    per_slot = sum(one.bytes_of(f"{model} {item}") for model in ("target", "draft")
+                   for item in ("KV caches", "linear-attention states"))
     spare = free_bytes - one.to_allocate
     return 0 if spare < 0 else 1 + spare // max(per_slot, 1)

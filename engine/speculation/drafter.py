@@ -81,7 +81,7 @@ class Drafter:
         return self.mask_vocab(logits)
 
     def room(self) -> int:
-        return self.cache.capacity - self.next_slot
+        return self.cache.room(self.next_slot)
 
     def mask_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[k, draft vocab] -> the same with ids past vocab_limit at -inf. Out of place:

@@ -75,9 +75,10 @@ def test_prefill_then_tree_equals_transformers(models, family):
     assert model.config._attn_implementation != hf_attention.ENGINE_ATTENTION  # restored after the pass
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3", "gpt_oss"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "gpt_oss", "qwen3_next", "qwen3_5_text"])
 def test_segments_in_one_pass_equal_each_alone(models, family):
-    """Two sequences, each in its own cache, scored in one pass (one [1, rows, hidden] block)."""
+    """Two sequences, each in its own cache, scored in one pass (one [1, rows, hidden] block); hybrids: each
+    its own linear-attention state."""
     runner = DecoderRunner(models(family))
     ids = [torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 13)]
     alone, segments = [], []
@@ -87,8 +88,8 @@ def test_segments_in_one_pass_equal_each_alone(models, family):
         alone.append(runner.forward(seq, positions, runner.new_cache(32), 0, allowed))
         segments.append(Segment(seq, positions, runner.new_cache(32), 0, allowed))
     together = runner.forward_groups([segments])[0]
-    for got, want in zip(together, alone, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for got, want in zip(together, alone, strict=True):  # summation order of [1, rows] blocks: ~1e-6 of the scale
+        assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max())
 
 
 @pytest.mark.parametrize(("family", "dropped"), [("gpt_oss", "sinks"), ("gemma3", "final soft-capping")])
