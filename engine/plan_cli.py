@@ -16,8 +16,10 @@ from pathlib import Path
 
 from engine.cli import add_engine_arguments, engine_config_from_args
 from engine.config import EngineConfig, engine_config_from, read_config_file
-from engine.model import config_shapes
+from engine.model import config_shapes, memory_plan
 from engine.model.pair_plan import CUDA_CONTEXT_BYTES, GB, PairPlan, alternatives, load_dtype, plan_pair
+
+MB = 10**6
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,11 +47,25 @@ def print_plan(result: PairPlan, total_bytes: int) -> None:
           f"{inputs.budget}, max context {inputs.max_context}; {result.resident_layers} of {result.num_layers} "
           f"target layers resident" + (f", the rest streamed (ring of {config.offload.ring_size})" if inputs.streamed else ""))
     print(f"KV slots: {slots(result)} (asked: {config.limits.max_running} + {config.limits.prefix_cache_slots})")
+    for name, shape in (("target", inputs.target), ("draft", inputs.draft)):
+        if shape is not None and shape.linear is not None:
+            print(f"{name} linear-attention state: {node_state(shape)}")
     print("\n| item | GB | |\n|---|--:|---|")
     for item in sorted(result.plan.items, key=lambda item: (not item.loaded, -item.nbytes)):
         if item.nbytes:
             print(f"| {item.name} | {item.nbytes / GB:.2f} | {'loaded' if item.loaded else 'allocated at start'} |")
     print(f"| total | {result.plan.total / GB:.2f} | of {(total_bytes - CUDA_CONTEXT_BYTES) / GB:.2f} GB |\n")
+
+
+def node_state(shape: memory_plan.ModelShape) -> str:
+    """A hybrid model's state memory: per tree node (every linear layer's pending row) and per sequence."""
+    layers, linear = shape.num_linear_layers, shape.linear
+    assert linear is not None
+    per_node = layers * linear.pending_bytes(shape.dtype_bytes)
+    full = layers * linear.node_state_bytes()
+    committed = layers * linear.committed_bytes(shape.dtype_bytes)
+    return (f"{per_node / MB:.2f} MB a tree node ({layers} layers; a full recurrent state per node would be "
+            f"{full / MB:.0f} MB), {committed / MB:.1f} MB a sequence's committed state")
 
 
 def run(args: argparse.Namespace) -> int:

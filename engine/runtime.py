@@ -187,8 +187,9 @@ class Engine:
             self.max_context, self.budget, spec.max_depth, spec.max_expand
         )
         draft, target = self.pair.draft, self.pair.target
-        # pending tokens (tree nodes, expanded draft nodes) beyond the context: a hybrid model's pending rows
-        target_pending, draft_pending = target_capacity - self.max_context, draft_capacity - self.max_context
+        # a hybrid model's caches: rows of its uncommitted tokens (tree nodes, expanded draft nodes)
+        target_pending, draft_pending = memory_plan.pending_slots(self.max_context, self.budget, spec.max_depth,
+                                                                  spec.max_expand)
         slots = [
             KVSlot(target.new_cache(target_capacity, target_pending),
                    draft.new_cache(draft_capacity, draft_pending) if draft else None)

@@ -41,7 +41,7 @@ def read_config(path: str) -> dict:
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"{path}: no config.json (expected a local Hugging Face checkpoint folder)")
-    config = json.loads(config_file.read_text())
+    config = families.language_model_config(json.loads(config_file.read_text()))
     refused = families.refusal(config.get("architectures") or [])
     if refused is not None:
         raise CheckpointError(f"{path}: {refused}")

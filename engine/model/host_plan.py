@@ -34,8 +34,9 @@ from engine.types import OffloadError
 GB = 10**9
 HOST_MARGIN_BYTES = 2**30  # the interpreter, libraries, tokenizer, allocator slack
 HOST_MARGIN_FRACTION = 0.05
-LAYER_NAME = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
+LAYER_NAME = re.compile(r"^(?:model\.)?(?:language_model\.)?layers\.(\d+)\.")  # Qwen3.5: model.language_model.
 TRANSFORMERS_PREFIXES = ("model.", "lm_head.")
+NOT_LOADED_PREFIXES = ("model.visual.",)  # a multimodal checkpoint's vision tower: its language model runs alone
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ def checkpoint_bytes(folder: str, dtype: torch.dtype) -> CheckpointBytes:
     index = read_index(folder)
     if any(name.startswith("model.") for name in index):  # transformers' names; a second copy of the
         # weights in the folder under other names (Mistral's consolidated.safetensors) is never loaded
-        index = {name: loc for name, loc in index.items() if name.startswith(TRANSFORMERS_PREFIXES)}
+        index = {name: loc for name, loc in index.items()
+                 if name.startswith(TRANSFORMERS_PREFIXES) and not name.startswith(NOT_LOADED_PREFIXES)}
     for name, location in index.items():
         nbytes = -(-loaded_nbytes(location.nbytes, location.dtype, dtype) // ALIGN) * ALIGN
         match = LAYER_NAME.match(name)

@@ -58,7 +58,9 @@ def cached_models() -> list[CachedModel]:
         folder = snapshot_with_weights(repo)
         if folder is None:
             continue
-        config = json.loads((folder / "config.json").read_text())
+        from engine.model.families import language_model_config
+
+        config = language_model_config(json.loads((folder / "config.json").read_text()))  # Qwen3.5: its text model
         if supported(config):
             found.append(CachedModel(repo.repo_id, folder, repo.size_on_disk, config))
     return found

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.config import EXTENSION_FACTOR
 from engine.model import layer_shapes
 from engine.model.linear_state import STATE_BYTES, LinearShape
 from engine.model.runner import DecoderRunner
@@ -110,6 +111,16 @@ def cache_capacities(max_context: int, budget: int, max_depth: int, max_expand: 
     return target, draft
 
 
+def pending_slots(max_context: int, budget: int, max_depth: int, max_expand: int) -> tuple[int, int]:
+    """Uncommitted tokens a hybrid model's caches keep linear-attention rows for (target, draft): the
+    target's tree (budget + 1 nodes); the draft's catch-up chain (max_depth + 1) and expanded nodes, up to
+    (EXTENSION_FACTOR + 1) trees' worth and never past its KV room. A draft whose ring is full grows no
+    further that step (Drafter.room), so the bound shapes trees, never exactness."""
+    target, draft = cache_capacities(max_context, budget, max_depth, max_expand)
+    draft_rows = (EXTENSION_FACTOR + 1) * (budget + 1) + max_depth + 2
+    return target - max_context, min(draft - max_context, draft_rows)
+
+
 def kv_cache_bytes(shape: ModelShape, capacity: int) -> int:
     """Bytes of KVCache(shape, capacity): keys and values [attention layers, kv_heads, capacity, head_dim],
     positions."""
@@ -156,7 +167,7 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     nodes = inputs.budget + inputs.max_running  # tree nodes scored by one target pass, every root included
     chunk = min(inputs.prefill_chunk, inputs.max_context)
     items = [PlanItem(name, nbytes, True) for name, nbytes in inputs.loaded.items()]
-    target_pending, draft_pending = target_capacity - inputs.max_context, draft_capacity - inputs.max_context
+    target_pending, draft_pending = pending_slots(inputs.max_context, inputs.budget, inputs.max_depth, inputs.max_expand)
     items += [
         PlanItem("target KV caches", inputs.kv_slots * kv_cache_bytes(target, target_capacity), False),
         PlanItem("target linear-attention states", inputs.kv_slots * linear_state_bytes(target, target_pending), False),

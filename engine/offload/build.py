@@ -20,6 +20,7 @@ from engine.offload.disk_store import DiskStore
 from engine.offload.layout import LayerBinding, LayerLayout, constant_buffers, layer_tensors, layout_of, views
 from engine.offload.ram_store import RamStore, anonymous_bytes, host_memory_available
 from engine.offload.ring import LayerStreamer
+from engine.offload.safetensors_index import decoder_prefix, read_index
 from engine.types import ConfigError, OffloadError
 
 __all__ = ["OffloadError", "build_offloaded_runner", "plan_resident", "host_memory_available"]
@@ -139,7 +140,8 @@ def open_disk_store(
 ) -> DiskStore:
     """The disk tier for decoder layers `streamed` of the checkpoint in `folder` (loaded in `layouts`),
     with the fixups that turn file bytes into the loaded form (quantized checkpoints)."""
-    prefixes = {idx: f"model.layers.{idx}." for idx in streamed}
+    prefix = decoder_prefix(read_index(folder))
+    prefixes = {idx: f"{prefix}layers.{idx}." for idx in streamed}
     return DiskStore(folder, prefixes, layouts, evict, gptq.disk_fixups(model_config, streamed))
 
 

@@ -31,7 +31,7 @@ from engine.offload.disk_store import READ_CHUNK, DiskStore, read_piece
 from engine.offload.layout import LayerBinding, LayerLayout, constant_buffers, layout_of, placeholders
 from engine.offload.ram_store import RamStore
 from engine.offload.ring import LayerStreamer
-from engine.offload.safetensors_index import plan_pieces, read_index
+from engine.offload.safetensors_index import decoder_prefix, plan_pieces, read_index
 from engine.types import CheckpointError
 
 ROTARY_BUFFERS = ("inv_freq", "original_inv_freq")  # rebuilt, not read
@@ -91,8 +91,11 @@ def meta_model(folder: str, dtype: torch.dtype) -> nn.Module:
 
 
 def checkpoint_names(name: str) -> list[str]:
-    """Names a model tensor may have in a checkpoint: its own, or without the base model's prefix."""
-    return [name, name.removeprefix("model.")] if name.startswith("model.") else [name]
+    """Names a model tensor may have in a checkpoint: its own, without the base model's prefix, or under a
+    multimodal checkpoint's language model (Qwen3.5)."""
+    if not name.startswith("model."):
+        return [name]
+    return [name, name.removeprefix("model."), "model.language_model." + name.removeprefix("model.")]
 
 
 def materialize(model: nn.Module, skip: list[nn.Module], reader: CheckpointReader, device: torch.device) -> None:
@@ -210,8 +213,9 @@ def streamed_store(
     for idx, module in streamed.items():
         leave_meta(module, layouts[idx])
     if config.offload.source == "ram":
+        prefix = decoder_prefix(reader.index)
         return RamStore(streamed, layouts, fill=lambda idx, buffer: reader.read_layer(
-            f"model.layers.{idx}.", layouts[idx], buffer))
+            f"{prefix}layers.{idx}.", layouts[idx], buffer))
     try:
         store = open_disk_store(config.model.target, model.config, streamed, layouts, config.offload.evict_page_cache)
     except (OSError, ValueError) as exc:

@@ -89,6 +89,12 @@ def read_index(folder: str) -> dict[str, TensorLocation]:
     return index
 
 
+def decoder_prefix(index: dict[str, TensorLocation]) -> str:
+    """Where the decoder layers' tensors live: `model.layers.{i}.`, or in a multimodal checkpoint whose
+    language model runs alone (Qwen3.5) `model.language_model.layers.{i}.`."""
+    return "model.language_model." if any(name.startswith("model.language_model.layers.") for name in index) else "model."
+
+
 def _lookup(index: dict[str, TensorLocation], name: str) -> TensorLocation | None:
     if name in index:
         return index[name]
