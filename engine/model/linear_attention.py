@@ -15,8 +15,8 @@ each segment runs against its own cache (engine.model.hybrid_cache):
   and the original chunked delta rule from the committed state, which it advances (transformers' own
   prefill, chunk by chunk);
 - tree rows (a target tree, a draft's expansion or catch-up): each row's convolution window is its own
-  path's last K - 1 inputs (pending ancestors, then the committed window), run through the original
-  convolution; the delta rule is engine.model.delta_rule.tree_delta_rule over the rows' ancestors and
+  path's last K - 1 inputs (pending ancestors, then the committed window), through the convolution's
+  weights (its sum written out: conv_windows); the delta rule is engine.model.delta_rule.tree_delta_rule over the rows' ancestors and
   earlier pending rows; the rows are kept pending until a commit picks a path.
 """
 
@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import torch
 import transformers
+from transformers.activations import ACT2FN
 
 from engine.model.delta_rule import tree_delta_rule
 from engine.model.hf_attention import GroupInputs, SegmentInputs
@@ -101,11 +102,11 @@ def segment_convs(original: Callable, group: GroupInputs, layer: int, x: torch.T
     for s in group.segments:
         cache = hybrid_cache(s)
         rows = x[0, :, s.row_begin : s.row_end]  # [conv dim, n]
-        conv = lambda windows: original(windows, weight, bias, activation=activation)  # noqa: E731
         if s.allowed is None:
+            conv = lambda inputs: original(inputs, weight, bias, activation=activation)  # noqa: E731
             outs.append(prefill_conv(cache, cache.linear_index[layer], s.start_slot, rows, conv))
         else:
-            outs.append(tree_conv(cache, cache.linear_index[layer], s, rows, conv))
+            outs.append(tree_conv(cache, cache.linear_index[layer], s, rows, (weight, bias, activation)))
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))[None]
 
 
@@ -121,7 +122,8 @@ def prefill_conv(cache: HybridCache, layer: int, start: int, rows: torch.Tensor,
     return out
 
 
-def tree_conv(cache: HybridCache, layer: int, s: SegmentInputs, rows: torch.Tensor, conv: Callable) -> torch.Tensor:
+def tree_conv(cache: HybridCache, layer: int, s: SegmentInputs, rows: torch.Tensor,
+              conv: tuple[torch.Tensor, torch.Tensor | None, str | None]) -> torch.Tensor:
     """Rows at slots [start, start + n) under s.allowed: each row's window is the inputs at positions
     p - K + 1 .. p along its own path (pending ancestors, else the committed window). rows [conv dim, n]."""
     states = cache.linear
@@ -140,9 +142,19 @@ def tree_conv(cache: HybridCache, layer: int, s: SegmentInputs, rows: torch.Tens
         columns.append(torch.where(match.any(dim=1), pending, keep - (base - want)))
     columns.append(torch.arange(start - base, start - base + num_rows, device=rows.device) + keep)
     windows = sources[torch.stack(columns, dim=1)]  # [n, K, conv dim]
-    out = conv(windows.transpose(1, 2))[:, :, -1]  # [n, conv dim]
     states.write_x(layer, start, rows.T)
-    return out.T
+    return conv_windows(windows, *conv).T
+
+
+def conv_windows(windows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 activation: str | None) -> torch.Tensor:
+    """The causal convolution's output at the last position of each window: windows [n, K, conv dim],
+    weight [conv dim, K] -> [n, conv dim]. causal_conv1d_fn's sum (a depthwise conv1d) written out: a
+    batched conv1d of n windows of K is many times slower on CPU (oneDNN), for the same products."""
+    out = (windows * weight.T.to(windows.dtype)).sum(dim=1)
+    if bias is not None:
+        out = out + bias
+    return out if activation is None else ACT2FN[activation](out)
 
 
 def segment_rules(original: Callable, group: GroupInputs, layer: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
