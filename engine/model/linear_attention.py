@@ -150,10 +150,12 @@ def conv_windows(windows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                  activation: str | None) -> torch.Tensor:
     """The causal convolution's output at the last position of each window: windows [n, K, conv dim],
     weight [conv dim, K] -> [n, conv dim]. causal_conv1d_fn's sum (a depthwise conv1d) written out: a
-    batched conv1d of n windows of K is many times slower on CPU (oneDNN), for the same products."""
-    out = (windows * weight.T.to(windows.dtype)).sum(dim=1)
+    batched conv1d of n windows of K is many times slower on CPU (oneDNN), for the same products. Summed
+    in float32 and rounded once to the model dtype before the activation, as a conv1d kernel does."""
+    out = (windows.float() * weight.T.float()).sum(dim=1)
     if bias is not None:
-        out = out + bias
+        out = out + bias.float()
+    out = out.to(windows.dtype)
     return out if activation is None else ACT2FN[activation](out)
 
 

@@ -28,13 +28,14 @@ from transformers import (
     SmolLM3Config,
 )
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
 
 WINDOW = 5  # sliding window of the families that have one: shorter than every test sequence
 
 # the families of the README's "supported models", in its order
 FAMILIES = (
     "llama", "mistral", "qwen2", "mixtral", "qwen3", "qwen3_moe", "gemma3", "phi3", "gpt_oss", "glm4",
-    "olmo2", "granite", "cohere2", "smollm3", "ministral", "qwen3_next", "qwen3_5_text",
+    "olmo2", "granite", "cohere2", "smollm3", "ministral", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
 )
 HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_text")  # Gated DeltaNet layers between attention layers
 # Gated DeltaNet state at toy sizes, grouped as the hub's (Qwen3-Next: 16 key heads serve 32 value heads);
@@ -119,4 +120,10 @@ def family_config(family: str, common: dict) -> PretrainedConfig:
         return Qwen3_5TextConfig(**common, **LINEAR_FIELDS, head_dim=2 * head_dim, layer_types=hybrid(layers),
                                  rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0,
                                                   "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1]})
+    if family == "qwen3_5_moe_text":  # Qwen3.5-MoE: the same layers, routed experts with a shared expert
+        return Qwen3_5MoeTextConfig(**common, **LINEAR_FIELDS, head_dim=2 * head_dim, layer_types=hybrid(layers),
+                                    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden,
+                                    shared_expert_intermediate_size=hidden,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0,
+                                                     "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1]})
     raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
