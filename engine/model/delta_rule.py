@@ -31,12 +31,6 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def head_major(x: torch.Tensor, repeats: int) -> torch.Tensor:
-    """[n, heads, d] -> [heads * repeats, n, d]: each key head serves `repeats` consecutive value heads."""
-    x = x.transpose(0, 1)
-    return x if repeats == 1 else x.repeat_interleave(repeats, dim=0)
-
-
 @dataclass
 class PastRows:
     """Pending rows of earlier passes (not committed), each row relative to the committed state."""
@@ -57,9 +51,9 @@ class TreeRows:
 
 
 def masked_decay(gamma_rows: torch.Tensor, gamma_cols: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[h, n, m]: exp(gamma_rows[:, r] - gamma_cols[:, j]) where mask[r, j], else 0 (masked before the
-    exp: a non-ancestor's difference may be positive and large)."""
-    diff = gamma_rows[:, :, None] - gamma_cols[:, None, :]
+    """[..., n, m]: exp(gamma_rows[..., r] - gamma_cols[..., j]) where mask[r, j], else 0 (masked before
+    the exp: a non-ancestor's difference may be positive and large)."""
+    diff = gamma_rows[..., :, None] - gamma_cols[..., None, :]
     return diff.masked_fill(~mask, float("-inf")).exp()
 
 
@@ -78,35 +72,38 @@ def tree_delta_rule(
     query, key: [n, key heads, dk] (raw: normalised here); value: [n, value heads, dv]; g (log decay,
     <= 0), beta: [n, value heads]; state: [value heads, dk, dv] fp32; ancestors: [n, n] bool, row r's
     ancestors among the rows, r included, every ancestor in an earlier row. Returns the output
-    [n, value heads, dv] fp32 and the rows' (k, u, gamma)."""
-    num_v_heads, dk = value.shape[1], key.shape[2]
-    repeats = num_v_heads // key.shape[1]
-    q = l2norm(query.float()) * dk**-0.5
-    k = l2norm(key.float())
-    q_h, k_h = head_major(q, repeats), head_major(k, repeats)  # [hv, n, dk]
-    v_h = value.float().transpose(0, 1)  # [hv, n, dv]
-    g_h, beta_h = g.float().T, beta.float().T  # [hv, n]
-    gamma = g_h @ ancestors.to(g_h.dtype).T  # [hv, n]: sum of g over each row's ancestors in the pass
+    [n, value heads, dv] fp32 and the rows' (k, u, gamma). Value heads are grouped [key heads, repeats]:
+    each key head's products are computed once for the value heads it serves."""
+    num_rows, num_k, dk = key.shape
+    num_v, dv = value.shape[1], value.shape[2]
+    groups = (num_k, num_v // num_k)
+    q = (l2norm(query.float()) * dk**-0.5).transpose(0, 1)  # [hk, n, dk]
+    k = l2norm(key.float()).transpose(0, 1)
+    v = value.float().transpose(0, 1).reshape(*groups, num_rows, dv)  # [hk, rep, n, dv]
+    g_h, beta_h = g.float().T.reshape(*groups, num_rows), beta.float().T.reshape(*groups, num_rows)
+    gamma = g_h @ ancestors.to(g_h.dtype).T  # [hk, rep, n]: sum of g over each row's ancestors in the pass
     if past is not None:
         # plus the gamma of the row's deepest past ancestor: the smallest (g <= 0 along a path)
-        from_past = past.gammas[:, None, :].masked_fill(~past.mask[None], float("inf")).amin(dim=2)  # [hv, n]
-        gamma = gamma + torch.where(past.mask.any(dim=1)[None], from_past, 0.0)
-    decay = masked_decay(gamma, gamma, ancestors)  # [hv, n, n], 1 on the diagonal
-    from_state = gamma.exp()[:, :, None]  # [hv, n, 1]
-    rhs = v_h - from_state * (k_h @ state)  # [hv, n, dv]
-    out = from_state * (q_h @ state)
+        past_gammas = past.gammas.reshape(*groups, -1)  # [hk, rep, m]
+        from_past = past_gammas[..., None, :].masked_fill(~past.mask, float("inf")).amin(dim=-1)  # [hk, rep, n]
+        gamma = gamma + torch.where(past.mask.any(dim=1), from_past, 0.0)
+    decay = masked_decay(gamma, gamma, ancestors)  # [hk, rep, n, n], 1 on the diagonal, 0 off the paths
+    grouped_state = state.reshape(*groups, dk, dv)
+    from_state = gamma.exp()[..., None]  # [hk, rep, n, 1]
+    rhs = v - from_state * (k[:, None] @ grouped_state)  # [hk, rep, n, dv]
+    out = from_state * (q[:, None] @ grouped_state)
     if past is not None:
-        past_keys = past.keys if repeats == 1 else past.keys.repeat_interleave(repeats, dim=0)  # [hv, m, dk]
-        past_decay = masked_decay(gamma, past.gammas, past.mask)  # [hv, n, m]
-        rhs = rhs - (past_decay * (k_h @ past_keys.transpose(1, 2))) @ past.values
-        out = out + (past_decay * (q_h @ past_keys.transpose(1, 2))) @ past.values
-    rhs = rhs * beta_h[:, :, None]
-    strict = ancestors & ~torch.eye(ancestors.shape[0], dtype=torch.bool, device=ancestors.device)
-    system = (beta_h[:, :, None] * (k_h @ k_h.transpose(1, 2)) * decay).masked_fill(~strict, 0.0)
-    system = system + torch.eye(ancestors.shape[0], dtype=system.dtype, device=system.device)
-    u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # [hv, n, dv]
-    out = out + ((q_h @ k_h.transpose(1, 2)) * decay) @ u
-    return out.transpose(0, 1), TreeRows(k.transpose(0, 1), u, gamma)
+        past_values = past.values.reshape(*groups, -1, dv)
+        past_decay = masked_decay(gamma, past_gammas, past.mask)  # [hk, rep, n, m]
+        rhs = rhs - (past_decay * (k @ past.keys.transpose(1, 2))[:, None]) @ past_values
+        out = out + (past_decay * (q @ past.keys.transpose(1, 2))[:, None]) @ past_values
+    rhs = rhs * beta_h[..., None]
+    # lower triangle: strict ancestors (0 elsewhere, by decay); the diagonal is taken as 1 (unitriangular)
+    system = beta_h[..., None] * (k @ k.transpose(1, 2))[:, None] * decay
+    u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # [hk, rep, n, dv]
+    out = out + ((q @ k.transpose(1, 2))[:, None] * decay) @ u
+    out = out.reshape(num_v, num_rows, dv).transpose(0, 1)
+    return out, TreeRows(k, u.reshape(num_v, num_rows, dv), gamma.reshape(num_v, num_rows))
 
 
 def advance_state(state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, gammas: torch.Tensor) -> torch.Tensor:
