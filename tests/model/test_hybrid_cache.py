@@ -229,3 +229,15 @@ def test_the_drafts_room_is_the_pending_rings():
     assert cache.room(0) == 8 and cache.room(5) == 3
     with pytest.raises(RuntimeError, match="pending slots overflow"):
         cache.linear.write_x(0, 6, torch.zeros(3, cache.linear.shape.conv_dim))
+
+
+def test_a_linear_attention_layer_that_calls_neither_function_is_refused():
+    """A transformers whose Gated DeltaNet layer does not call causal_conv1d_fn and the chunked delta rule
+    (the engine's way in) is refused in one line, not run wrongly."""
+
+    class OtherLayer(torch.nn.Module):
+        def forward(self, hidden_states):
+            return hidden_states
+
+    with pytest.raises(ValueError, match="calls no causal_conv1d_fn or torch_chunk_gated_delta_rule"):
+        linear_attention.install(OtherLayer)

@@ -224,10 +224,10 @@ def small_vocab_pair(tmp_path_factory) -> tuple[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("method", "budget", "max_running"), [("specinfer", 8, 1), ("specexec", 16, 4)])
+@pytest.mark.parametrize(("method", "budget", "max_running"), [("specinfer", 8, 1), ("rrs", 16, 1), ("specexec", 16, 4)])
 def test_sampled_output_follows_the_targets_law(small_vocab_pair, method, budget, max_running):
     """Unseeded draws at temperature 1.3 with top_k, each method's own trees (SpecInfer: rejection sampling;
-    SpecExec: sample-and-match): chi-square of the first token and of 3 tokens against the target alone's
+    RRS: recursive rejection over draws without replacement; SpecExec: sample-and-match): chi-square of the first token and of 3 tokens against the target alone's
     exact law (every prefix through transformers' forward); 4 requests a step when batched."""
     from tests.speculation.test_engine_sampling_exactness import exact_distribution
     from tests.speculation.test_sampling_exactness import chi_square_p, marginal
