@@ -140,10 +140,8 @@ class LinearStates:
         """Pending rows of `slots` ([m]) to slots [start, start + m) (gathered first)."""
         src = slots % self.pending_slots
         dst = self.ring(start, start + slots.shape[0])
-        for name in ("x",):
-            tensor = getattr(self, name)
-            tensor[:, dst] = tensor[:, src]
-        for tensor in (self.keys, self.values, self.gammas):
+        self.x[:, dst] = self.x[:, src]  # [layers, ring, conv dim]
+        for tensor in (self.keys, self.values, self.gammas):  # [layers, heads, ring, ...]
             tensor[:, :, dst] = tensor[:, :, src]
 
     def reset(self) -> None:

@@ -7,7 +7,9 @@ Items already on the device when the plan is checked (weights, the offload ring)
 KV caches are allocated right after the check; workspaces are the largest transient tensors of a
 step and of prefill (and, for GPTQ layers on the dequantize kernel, the dense matrix and temporaries
 it makes on every call). The attention estimate assumes the tree pass never materialises
-[heads, n, context] scores (an arbitrary-mask kernel, not the math fallback).
+[heads, n, context] scores (an arbitrary-mask kernel, not the math fallback). A hybrid model's caches
+hold KV for its attention layers only, and for its linear-attention layers a committed state and the
+rows of every pending token (tree nodes: "linear-attention states", engine.model.linear_state).
 """
 
 from __future__ import annotations

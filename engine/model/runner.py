@@ -8,6 +8,8 @@ MoE block), with the engine's attention registered through transformers' attenti
 an additive mask over slots [0, start + n) that spells out exactly what every new token may see
 (prefix + its tree ancestors). Embeddings, rotary tables, final norm and head come from the model's own
 modules; the few model-level multipliers transformers keeps in `forward` come from engine.model.families.
+A hybrid's Gated DeltaNet layers run their own code too, with the engine's convolution and delta rule
+over each segment's tree (engine.model.linear_attention) and their state in a HybridCache (new_cache).
 """
 
 from __future__ import annotations
