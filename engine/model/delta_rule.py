@@ -107,11 +107,12 @@ def tree_delta_rule(
 
 
 def advance_state(state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, gammas: torch.Tensor) -> torch.Tensor:
-    """The state after a chain of m rows (the accepted path, in order) from `state` ([hv, dk, dv] fp32):
+    """The state after a chain of m rows (the accepted path, in order) from `state` ([..., hv, dk, dv] fp32):
     exp(gamma_c) S + sum_j exp(gamma_c - gamma_j) k_j u_j^T, gamma_c the chain's last gamma.
-    keys [hk, m, dk], values [hv, m, dv], gammas [hv, m] (relative to `state`)."""
-    repeats = values.shape[0] // keys.shape[0]
-    k_h = keys if repeats == 1 else keys.repeat_interleave(repeats, dim=0)
-    last = gammas[:, -1:]  # [hv, 1]
-    weighted = k_h * (last - gammas).exp()[:, :, None]  # [hv, m, dk]
-    return last.exp()[:, :, None] * state + weighted.transpose(1, 2) @ values
+    keys [..., hk, m, dk], values [..., hv, m, dv], gammas [..., hv, m] (relative to `state`); leading dims
+    (layers) are batched."""
+    repeats = values.shape[-3] // keys.shape[-3]
+    k_h = keys if repeats == 1 else keys.repeat_interleave(repeats, dim=-3)
+    last = gammas[..., -1:]  # [..., hv, 1]
+    weighted = k_h * (last - gammas).exp()[..., None]  # [..., hv, m, dk]
+    return last.exp()[..., None] * state + weighted.transpose(-1, -2) @ values

@@ -111,19 +111,21 @@ class LinearStates:
         self.values[layer][:, ring] = rows.values
         self.gammas[layer][:, ring] = rows.gammas
 
-    def advance(self, layer: int, slots: torch.Tensor) -> None:
-        """Commit pending `slots` ([m], in path order) into the layer's state and window; re-base the
-        ring's gammas on the new state."""
+    def advance(self, layer: int | slice, slots: torch.Tensor) -> None:
+        """Commit pending `slots` ([m], in path order) into the state and window of `layer` (an index, or a
+        slice of layers settled alike: one batch); re-base the ring's gammas on the new state."""
         num = slots.shape[0]
         if num == 0:
             return
         ring = slots % self.pending_slots
-        gammas = self.gammas[layer][:, ring]  # [hv, m]
-        self.state[layer] = advance_state(self.state[layer], self.keys[layer][:, ring], self.values[layer][:, ring], gammas)
+        gammas = self.gammas[layer][..., ring]  # [(layers,) hv, m]
+        keys, values = self.keys[layer][..., ring, :], self.values[layer][..., ring, :]
+        self.state[layer] = advance_state(self.state[layer], keys, values, gammas)
         keep = self.shape.conv_kernel - 1
-        self.window[layer] = torch.cat([self.window[layer], self.x[layer][ring]])[-keep:]
-        self.gammas[layer] -= gammas[:, -1:]
-        self.settled[layer] += num
+        self.window[layer] = torch.cat([self.window[layer], self.x[layer][..., ring, :]], dim=-2)[..., -keep:, :]
+        self.gammas[layer] -= gammas[..., -1:]
+        for index in range(len(self.settled))[layer] if isinstance(layer, slice) else [layer]:
+            self.settled[index] += num
 
     def settle(self, layer: int, end: int) -> None:
         """Commit the pending slots [settled, end) in order (a length raised over them)."""
@@ -131,7 +133,11 @@ class LinearStates:
             self.advance(layer, torch.arange(self.settled[layer], end, device=self.device))
 
     def commit(self, slots: torch.Tensor, length: int) -> None:
-        """Every layer: settle up to `length`, then advance along `slots`."""
+        """Every layer: settle up to `length`, then advance along `slots` (all layers in one batch when
+        they are settled alike, as after a pass)."""
+        if all(settled == length for settled in self.settled):
+            self.advance(slice(None), slots)
+            return
         for layer in range(len(self.settled)):
             self.settle(layer, length)
             self.advance(layer, slots)
