@@ -19,6 +19,7 @@ from engine.types import ConfigError, SpeculationMethod
 Method = SpeculationMethod
 EXTENSION_FACTOR = 2  # overlap: a tree grows on during its pass to this many times its budget
 OffloadSource = Literal["ram", "disk"]
+SELF_DRAFT = "self"  # model.draft: the target's own layers, 4-bit (engine.model.self_draft)
 
 
 def require(cond: bool, field_name: str, message: str) -> None:
@@ -29,7 +30,12 @@ def require(cond: bool, field_name: str, message: str) -> None:
 @dataclass(frozen=True)
 class ModelConfig:
     target: str = ""  # a local checkpoint folder or a Hugging Face Hub id (engine.model.hub)
-    draft: str = ""  # the same, or "auto": chosen from the hub cache and known shapes (engine.model.draft_auto)
+    # the same, "auto": chosen from the hub cache and known shapes (engine.model.draft_auto), or "self": the
+    # target with 4-bit copies of its (streamed) decoder layers, sharing the rest (engine.model.self_draft)
+    draft: str = ""
+    # draft "self": a 4-bit checkpoint of the target (GPTQ, AWQ, compressed-tensors; folder or hub id) whose
+    # decoder layers the self-draft uses instead of copies quantized at load; "": quantized at load
+    self_draft_from: str = ""
     revision: str = ""  # the target's hub revision (branch, tag or commit); "": main
     draft_revision: str = ""  # the draft's
     dtype: str = "auto"  # auto: float32 on CPU; CUDA: a bf16 checkpoint's bfloat16 on sm80+, else float16
@@ -55,6 +61,8 @@ class ModelConfig:
         require(self.threads >= 0, "model.threads", f"must be >= 0 (0: auto), got {self.threads!r}")
         require(self.gptq_kernel in ("auto", "int4", "dequantize"), "model.gptq_kernel",
                 f"must be auto, int4 or dequantize, got {self.gptq_kernel!r}")
+        require(not self.self_draft_from or self.draft == SELF_DRAFT, "model.self_draft_from",
+                f"needs draft = {SELF_DRAFT!r} (--draft self), got draft {self.draft!r}")
 
 
 @dataclass(frozen=True)
@@ -265,7 +273,7 @@ def read_config_file(path: str) -> dict[str, dict]:
     return data
 
 
-PATH_FIELDS = {"model": ("target", "draft"), "server": ("chat_template",)}
+PATH_FIELDS = {"model": ("target", "draft", "self_draft_from"), "server": ("chat_template",)}
 
 
 def resolve_relative_paths(data: dict[str, dict], config_dir: Path) -> None:

@@ -121,6 +121,9 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.kernel_device = kernel_device  # "cpu": the CPU kernel's layout; "cuda": [N, K / 2] nibble pairs
+        # CUDA: calls of up to this many rows run tinygemm, larger ones dequantize; 0 where tinygemm cannot
+        # take the matrix (K % 128, N % 8: engine.model.self_draft_quant), which then always dequantizes
+        self.tinygemm_max_rows = TINYGEMM_MAX_ROWS
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K / group, N, 2] bf16
         self.register_buffer("perm", perm)  # [K] int64 input order by group (act-order), or None
@@ -133,7 +136,7 @@ class Int4Linear(nn.Module):
         rows = rows.to(torch.bfloat16)
         if self.kernel_device == "cpu":
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
-        elif rows.shape[0] <= TINYGEMM_MAX_ROWS:  # CUDA-only
+        elif rows.shape[0] <= self.tinygemm_max_rows:  # CUDA-only
             tiled = torch.ops.aten._convert_weight_to_int4pack(self.packed, CUDA_INNER_K_TILES)
             out = torch.ops.aten._weight_int4pack_mm(rows, tiled, self.group_size, self.scales_and_zeros)
         else:  # CUDA-only
