@@ -3,6 +3,7 @@
     specexec plan --config configs/llama3.1-70b-instruct.toml --gpu-memory-total 24
     specexec plan --gpu-memory-total 24 --table configs/*.toml  # the README's "What fits a 24 GB card"
     specexec plan --gpu-memory-total 24 --table Qwen/Qwen3-32B openai/gpt-oss-20b  # known models, streamed
+    specexec plan --gpu-memory-total 24 --self-draft-table  # where --draft self fits, for the known targets
 
 The arithmetic is engine.model.pair_plan (the server's startup plan from config.json shapes); this
 prints it: each item, the total, the KV slots, and when the pair does not fit the server's refusal
@@ -15,8 +16,8 @@ import argparse
 from pathlib import Path
 
 from engine.cli import add_engine_arguments, engine_config_from_args
-from engine.config import EngineConfig, engine_config_from, read_config_file
-from engine.model import config_shapes
+from engine.config import SELF_DRAFT, EngineConfig, engine_config_from, read_config_file
+from engine.model import config_shapes, self_draft_fit
 from engine.model.pair_plan import CUDA_CONTEXT_BYTES, GB, PairPlan, alternatives, load_dtype, plan_pair
 
 
@@ -25,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-total", type=float, required=True, metavar="GB",
                         help="the GPU's memory in GB (10^9 bytes; a '24 GB' card has 24 GiB = 25.8 GB, less what "
                              "the desktop uses)")
+    parser.add_argument("--self-draft-table", nargs="*", metavar="MODEL", default=None,
+                        help="instead of one plan, a markdown table of where --draft self fits this GPU: for each "
+                             "model (default: the models of configs/shapes/models.toml too large for the GPU) the largest budget and "
+                             "context, the resident layers and the flags")
     parser.add_argument("--table", nargs="+", metavar="CONFIG", default=None,
                         help="instead of one plan, a markdown table of these config files' pairs and, where they do "
                              "not fit, the changes that fit (the README's 24 GB table); an entry that is no file is "
@@ -40,6 +45,11 @@ def print_plan(result: PairPlan, total_bytes: int) -> None:
     print(f"target {config.model.target} ({result.sources[0]})")
     if inputs.draft is not None:
         print(f"draft  {config.model.draft} ({result.sources[1]})")
+    if config.model.draft == SELF_DRAFT and inputs.draft is not None:
+        copies = result.num_layers - result.resident_layers or result.num_layers
+        print(f"self-draft: 4-bit copies of {copies} layers ({inputs.loaded['draft weights'] / GB:.2f} GB, 'draft "
+              f"weights'); shared with the target, counted once under it: the embeddings, final norm, head, "
+              f"rotary tables and {result.num_layers - copies} resident layers; KV caches of the target's shape")
     print(f"device: a {total_bytes / GB:.2f} GB CUDA GPU less {CUDA_CONTEXT_BYTES / GB:.2f} GB for the CUDA context "
           f"(estimate); {load_dtype(config, config_shapes.read_model_config(config.model.target)[0])}, budget "
           f"{inputs.budget}, max context {inputs.max_context}; {result.resident_layers} of {result.num_layers} "
@@ -57,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     if args.table:
         print_table(args.table, total)
         return 0
+    if args.self_draft_table is not None:
+        self_draft_fit.print_table(args.self_draft_table or self_draft_targets(total), total)
+        return 0
     config, _ = engine_config_from_args(args, require_folders=False)
     config = with_draft(config, total)
     result = plan_pair(config, total)
@@ -64,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if result.fits:
         spare = total - CUDA_CONTEXT_BYTES - result.plan.total
         print(f"fits, {spare / GB:.2f} GB to spare")
+        suggest_self_draft(config, total)
         return 0
     print(f"does not fit; the server refuses at start with:\n  {result.refusal}")
     found = alternatives(config, total)
@@ -71,7 +85,25 @@ def run(args: argparse.Namespace) -> int:
     for flags, alternative in found:
         print(f"  {flags}: resident layers {alternative.resident_layers}, KV slots {slots(alternative)}, "
               f"{alternative.plan.total / GB:.2f} GB")
+    suggest_self_draft(config, total)
     return 1
+
+
+def self_draft_targets(total_bytes: int) -> list[str]:
+    """The models of configs/shapes/models.toml whose weights at 2 bytes each exceed the GPU: the targets
+    that stream, which is where a self-draft shares the resident part."""
+    known = config_shapes.known_models()
+    return [name for name, fields in known.items()
+            if config_shapes.weight_bytes(fields, 2).total > total_bytes - CUDA_CONTEXT_BYTES]
+
+
+def suggest_self_draft(config: EngineConfig, total_bytes: int) -> None:
+    """Under a streamed target's plan: the self-draft that fits this GPU, if one does (one line)."""
+    if not config.offload.enabled or config.model.draft == SELF_DRAFT or config.speculation.method == "autoregressive":
+        return
+    fit = self_draft_fit.self_draft_fit(config.model.target, total_bytes)
+    if fit.fits:
+        print(self_draft_fit.describe_fit(fit))
 
 
 def with_draft(config: EngineConfig, total_bytes: int) -> EngineConfig:

@@ -16,7 +16,8 @@ from transformers import PreTrainedTokenizerBase
 from engine.config import EngineConfig, LimitsConfig
 from engine.model import checkpoint, gptq, host_plan
 from engine.model.runner import DecoderRunner
-from engine.model.self_draft import SELF, build_self_draft, target_refusal
+from engine.model.self_draft import SELF, build_self_draft
+from engine.model.self_draft_plan import target_refusal
 from engine.offload.build import build_offloaded_runner
 from engine.offload.loader import load_offloaded_target
 from engine.types import CheckpointError, ConfigError

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.model import config_shapes, gptq_int4, memory, memory_plan
+from engine.config import SELF_DRAFT, EngineConfig
+from engine.model import config_shapes, gptq_int4, memory, memory_plan, self_draft_plan
 from engine.model.pair import max_context_for
 from engine.offload.build import plan_resident
 from engine.speculation.budget import BudgetTracker
@@ -74,14 +74,25 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
     """The startup plan of `config` on a CUDA device of `total_bytes` (module doc)."""
     target_cfg, target_source = config_shapes.read_model_config(config.model.target)
     needs_draft = config.speculation.method != "autoregressive"
-    draft_cfg, draft_source = config_shapes.read_model_config(config.model.draft) if needs_draft else (None, "")
+    self_draft = needs_draft and config.model.draft == SELF_DRAFT
+    if self_draft:
+        why = self_draft_plan.target_refusal(target_cfg)
+        if why is not None:
+            raise ConfigError("model.draft", f"--draft self: {why}")
+        draft_cfg, draft_source = target_cfg, self_draft_plan.SOURCE
+    else:
+        draft_cfg, draft_source = config_shapes.read_model_config(config.model.draft) if needs_draft else (None, "")
     dtype_bytes = DTYPE_BYTES[load_dtype(config, target_cfg)]
     target_kernel, draft_kernel = gptq_kernels(config)
     target = config_shapes.weight_bytes(target_cfg, dtype_bytes, target_kernel)
-    draft = config_shapes.weight_bytes(draft_cfg, dtype_bytes, draft_kernel) if draft_cfg else None
     resident = list(range(target.num_layers))
     if config.offload.enabled:
         resident = plan_resident(list(target.layers), config.offload)
+    if self_draft:  # 4-bit copies of the streamed layers (all, resident), sharing the rest: counted once
+        draft_kernel = "int4"
+        draft = self_draft_plan.draft_bytes(target_cfg, dtype_bytes, self_draft_plan.copied(target.num_layers, resident))
+    else:
+        draft = config_shapes.weight_bytes(draft_cfg, dtype_bytes, draft_kernel) if draft_cfg else None
     num_resident = len(resident)
     streams = num_resident < target.num_layers
     streamed = [nbytes for idx, nbytes in enumerate(target.layers) if idx not in set(resident)]

@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 from engine.config import SELF_DRAFT
-from engine.model import gptq, int4_formats
 from engine.model.gptq_int4 import Int4Linear
 from engine.model.runner import DecoderRunner
 from engine.model.self_draft_quant import quantize_linear, refusal
@@ -39,18 +38,6 @@ from engine.types import ConfigError
 log = logging.getLogger("specexec.engine")
 
 SELF = SELF_DRAFT  # model.draft naming the self-draft
-
-
-def target_refusal(target_config: dict) -> str | None:
-    """Why the target (its config.json) cannot have a self-draft, from its config alone, or None."""
-    if gptq.quant_method(target_config) is not None or int4_formats.format_of(target_config) is not None:
-        return ("the target is already quantized (a 4-bit target streams packed; its 4-bit copy would be "
-                "the target itself: keep more of it resident instead)")
-    experts = target_config.get("num_local_experts") or target_config.get("num_experts") or 1
-    if experts > 1:
-        return (f"the target's MoE layers keep their {experts} experts in fused tensors, which the self-draft "
-                "does not quantize yet (it copies linear maps only)")
-    return None
 
 
 def copied_layers(target: DecoderRunner) -> list[int]:
