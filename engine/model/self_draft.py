@@ -156,6 +156,10 @@ def build_self_draft(target: DecoderRunner, target_model: nn.Module, device: tor
         log.warning("--draft self: %d linear maps keep the target's precision (%s)", len(kept), "; ".join(kept[:3]))
     runner = DecoderRunner(draft_model(target_model, layers, config_from, config_to))
     runner.attention_backends = target.attention_backends
+    nbytes = sum(t.numel() * t.element_size() for idx in copied for t in [*layers[idx].parameters(), *layers[idx].buffers()])
+    log.info("--draft self: 4-bit copies of %d layers (%.3f GB on %s, %s); shared with the target: its embeddings, "
+             "final norm, head, rotary tables and %d resident layers", len(copied), nbytes / 1e9, device,
+             "quantized at load" if checkpoint_layers is None else "from --self-draft-from", len(layers) - len(copied))
     return runner
 
 
