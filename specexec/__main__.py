@@ -35,6 +35,7 @@ BENCH_TOOLS = {  # `specexec bench NAME`: module, description
     "serve": ("bench.serve", "concurrent streams through the HTTP server: tok/s, TTFT, tokens per pass"),
     "hardening": ("bench.hardening", "issue 29: small-request latency beside slow ones, /infill CPU, stream gaps, schemas, RSS"),
     "overlap": ("bench.overlap", "overlap off and on: draft, pass and step ms by budget, streams, a long prompt joining"),
+    "self-draft": ("bench.self_draft", "tokens per pass: --draft self vs the pair's draft, by temperature and budget"),
 }
 
 
