@@ -2,8 +2,8 @@
 pair's own draft, by temperature and budget, with standard errors, and the draft's cost per step.
 
 For each pair (--pairs: target folder, draft folder), the target is loaded once with its own draft and
-once with the self-draft (every layer a 4-bit copy: a resident target), and, with --half, once streamed
-with half its layers resident (shared with the self-draft at full precision, the other half copied).
+once with the self-draft (every layer a 4-bit copy: a resident target), and, at --half-budgets, once
+streamed with half its layers resident (shared with the self-draft at full precision, the rest copied).
 Every (temperature, budget) runs every prompt once, unseeded as clients send requests, so at temperatures
 >= speculation.specinfer_temperature (0.85) both drafts grow SpecInfer trees, as the server does. Standard errors are clustered by prompt (bench.report.ratio_with_se). Writes raw.json, bench.md
 and tokens_per_pass.png to --out (bench.self_draft_report).
@@ -41,8 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budgets", type=comma_list(int), default=[64, 256, 1024])
     parser.add_argument("--num-prompts", type=int, default=8, help="code prompts (bench.prompts)")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--half", action="store_true",
-                        help="also the self-draft of a target streamed from RAM with half its layers resident")
+    parser.add_argument("--half-budgets", type=comma_list(int), default=[],
+                        help="at these budgets also the self-draft of a target streamed from RAM with half its layers "
+                             "resident (shared with the draft at full precision)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--out", default="self-draft-bench", help="output folder")
 
@@ -111,10 +112,11 @@ def run_cell(engine: Engine, prompts: list[list[int]], temperature: float, args:
 
 def run_variant(target: str, draft: str, half: bool, prompts: list[list[int]], args: argparse.Namespace,
                 bar: tqdm) -> list[dict]:
-    base = engine_for(target, draft, max(args.budgets), half)
+    budgets = args.half_budgets if half else args.budgets
+    base = engine_for(target, draft, max(budgets), half)
     cells = []
     try:
-        for budget in args.budgets:
+        for budget in budgets:
             engine = base.with_speculation(SpeculationConfig(budget=budget))
             engine.generate_ids(prompts[0], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
             for temperature in args.temperatures:
@@ -128,9 +130,11 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     pairs = [tuple(entry.split(",")) for entry in args.pairs]
     names = args.names or [Path(target).parent.name for target, _ in pairs]
-    variants = [("pair draft", False, False), ("self-draft", True, False)] + ([("self-draft, half resident", True, True)]
-                                                                         if args.half else [])
-    total = len(pairs) * len(variants) * len(args.budgets) * len(args.temperatures) * args.num_prompts
+    variants = [("pair draft", False, False), ("self-draft", True, False)]
+    if args.half_budgets:
+        variants.append(("self-draft, half resident", True, True))
+    cells_per_pair = (2 * len(args.budgets) + len(args.half_budgets)) * len(args.temperatures)
+    total = len(pairs) * cells_per_pair * args.num_prompts
     results = []
     begin = time.perf_counter()
     with tqdm(total=total, desc="self-draft bench", unit="request") as bar:

@@ -28,6 +28,9 @@ def cell_row(pair: str, draft: str, cell: dict) -> dict:
         "draft_forwards_per_step": forwards / steps,
         "ms_per_draft_forward": 1000 * sum(p["draft_forward_seconds"] for p in prompts) / max(forwards, 1),
         "target_ms_per_step": 1000 * sum(p["target_seconds"] for p in prompts) / steps,
+        # accepted + bonus tokens per second of draft and target work (CPU, target resident): not the
+        # streamed regime the self-draft is for, where the draft hides in the copy
+        "tokens_per_s": sum(tokens) / max(sum(p["draft_seconds"] + p["target_seconds"] for p in prompts), 1e-9),
         # steps whose whole path was accepted down to the depth cap (max_depth + 1 tokens)
         "at_depth_cap": sum(s >= cell.get("max_depth", 32) + 1 for p in prompts for s in p["steps"]) / steps,
     }
@@ -51,8 +54,9 @@ def markdown_table(rows: list[dict]) -> str:
     drafts = list(dict.fromkeys(row["draft"] for row in rows))
     head = ("| pair | T | budget | " + " | ".join(f"{d}: tokens/pass" for d in drafts)
             + " | self / pair | " + " | ".join(f"{d}: draft ms/step (passes/step, ms/pass)" for d in drafts)
-            + " | target ms/step (pair draft / self) | self-draft steps at the depth cap |")
-    lines = [head, "|" + "---|" * (3 + 2 * len(drafts) + 3)]
+            + " | target ms/step (pair draft / self) | tokens/s, resident on this CPU (pair draft / self) "
+            "| self-draft steps at the depth cap |")
+    lines = [head, "|" + "---|" * (3 + 2 * len(drafts) + 4)]
     for (pair, temperature, budget) in dict.fromkeys((r["pair"], r["temperature"], r["budget"]) for r in rows):
         cell = {r["draft"]: r for r in rows if (r["pair"], r["temperature"], r["budget"]) == (pair, temperature, budget)}
         tpp = " | ".join(with_se(cell[d]) if d in cell else "" for d in drafts)
@@ -61,7 +65,8 @@ def markdown_table(rows: list[dict]) -> str:
         ratio = ratio_text(cell[drafts[1]], cell[drafts[0]])
         target = f"{cell[drafts[0]]['target_ms_per_step']:.1f} / {cell[drafts[1]]['target_ms_per_step']:.1f}"
         capped = f"{100 * cell[drafts[1]]['at_depth_cap']:.0f}%"
-        lines.append(f"| {pair} | {temperature:g} | {budget} | {tpp} | {ratio} | {cost} | {target} | {capped} |")
+        speed = f"{cell[drafts[0]]['tokens_per_s']:.0f} / {cell[drafts[1]]['tokens_per_s']:.0f}"
+        lines.append(f"| {pair} | {temperature:g} | {budget} | {tpp} | {ratio} | {cost} | {target} | {speed} | {capped} |")
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ class SelfDraftFit:
     target: str
     refusal: str | None  # why the target cannot have a self-draft at all
     copy_bytes: int  # the 4-bit copy of every layer
+    num_layers: int
     plan: PairPlan | None  # the fitting plan: longest context, largest budget, most resident layers
     flags: str  # the flags that give it
 
@@ -49,7 +50,7 @@ def self_draft_fit(target: str, total_bytes: int) -> SelfDraftFit:
     config, _ = config_shapes.read_model_config(target)
     why = self_draft_plan.target_refusal(config)
     if why is not None:
-        return SelfDraftFit(target, why, 0, None, "")
+        return SelfDraftFit(target, why, 0, config["num_hidden_layers"], None, "")
     copy_bytes = sum(self_draft_plan.layer_copy_bytes(config, 2))
     for context in trained_contexts(config):
         for budget in BUDGETS:
@@ -58,9 +59,9 @@ def self_draft_fit(target: str, total_bytes: int) -> SelfDraftFit:
             plan = most_resident_that_fit(self_draft_config(target, budget, context), total_bytes)
             assert plan is not None  # no resident layer fits
             shorter = f" --max-context {context}" if context < trained_contexts(config)[0] else ""
-            return SelfDraftFit(target, None, copy_bytes, plan,
+            return SelfDraftFit(target, None, copy_bytes, config["num_hidden_layers"], plan,
                                 f"--draft self --offload {gpu_memory_flag(plan)} --budget {budget}{shorter}")
-    return SelfDraftFit(target, None, copy_bytes, None, "")
+    return SelfDraftFit(target, None, copy_bytes, config["num_hidden_layers"], None, "")
 
 
 def describe_fit(fit: SelfDraftFit) -> str:
@@ -80,9 +81,9 @@ def describe_fit(fit: SelfDraftFit) -> str:
 def table_row(fit: SelfDraftFit) -> str:
     """A markdown row: target, layers, 4-bit copy, the fitting plan's budget, context, resident layers, GB."""
     if fit.refusal is not None:
-        return f"| `{fit.target}` | | | no: {fit.refusal.split(' (')[0]} | | | | | |"
+        return f"| `{fit.target}` | {fit.num_layers} | | no: {fit.refusal.split(' (')[0]} | | | | | |"
     if fit.plan is None:
-        return f"| `{fit.target}` | | {fit.copy_bytes / GB:.2f} | no | | | | | |"
+        return f"| `{fit.target}` | {fit.num_layers} | {fit.copy_bytes / GB:.2f} | no | | | | | |"
     plan = fit.plan
     return (f"| `{fit.target}` | {plan.num_layers} | {fit.copy_bytes / GB:.2f} | yes | {plan.inputs.budget} | "
             f"{plan.inputs.max_context} | {plan.resident_layers} | {plan.plan.total / GB:.2f} | `{fit.flags}` |")
