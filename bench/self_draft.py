@@ -41,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budgets", type=comma_list(int), default=[64, 256, 1024])
     parser.add_argument("--num-prompts", type=int, default=8, help="code prompts (bench.prompts)")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--specinfer-temperature", type=float, default=SpeculationConfig.specinfer_temperature,
+                        help="speculation.specinfer_temperature: requests at this temperature or above grow SpecInfer trees")
+    parser.add_argument("--max-depth", type=int, default=SpeculationConfig.max_depth,
+                        help="speculation.max_depth: deepest tree node (a tree's tokens per pass are at most this + 1)")
     parser.add_argument("--half-budgets", type=comma_list(int), default=[],
                         help="at these budgets also the self-draft of a target streamed from RAM with half its layers "
                              "resident (shared with the draft at full precision)")
@@ -48,14 +52,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="self-draft-bench", help="output folder")
 
 
-def engine_for(target: str, draft: str, budget: int, half: bool = False) -> Engine:
+def speculation(args: argparse.Namespace, budget: int) -> SpeculationConfig:
+    return SpeculationConfig(budget=budget, max_depth=args.max_depth, specinfer_temperature=args.specinfer_temperature)
+
+
+def engine_for(target: str, draft: str, spec: SpeculationConfig, half: bool = False) -> Engine:
     offload = OffloadConfig()
     if half:
         num_layers = json.loads((Path(target) / "config.json").read_text())["num_hidden_layers"]
         offload = OffloadConfig(enabled=True, resident_layers=num_layers // 2)
     return Engine.load(EngineConfig(
         model=ModelConfig(target=target, draft=draft),
-        speculation=SpeculationConfig(budget=budget),
+        speculation=spec,
         offload=offload,
         limits=LimitsConfig(max_context=512, max_running=1, prefix_cache_slots=0),
     ))
@@ -113,11 +121,11 @@ def run_cell(engine: Engine, prompts: list[list[int]], temperature: float, args:
 def run_variant(target: str, draft: str, half: bool, prompts: list[list[int]], args: argparse.Namespace,
                 bar: tqdm) -> list[dict]:
     budgets = args.half_budgets if half else args.budgets
-    base = engine_for(target, draft, max(budgets), half)
+    base = engine_for(target, draft, speculation(args, max(budgets)), half)
     cells = []
     try:
         for budget in budgets:
-            engine = base.with_speculation(SpeculationConfig(budget=budget))
+            engine = base.with_speculation(speculation(args, budget))
             engine.generate_ids(prompts[0], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
             for temperature in args.temperatures:
                 cells.append(run_cell(engine, prompts, temperature, args, bar))
@@ -146,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
                 results.append({"pair": name, "target": target, "draft": label, "cells": cells})
     meta = {"machine": f"{platform.processor() or platform.machine()}, {args.threads} torch thread(s), CPU",
             "torch": torch.__version__, "prompts": args.num_prompts, "max_tokens": args.max_tokens,
+            "max_depth": args.max_depth, "specinfer_temperature": args.specinfer_temperature,
             "minutes": round((time.perf_counter() - begin) / 60, 1)}
     paths = write_report(Path(args.out), meta, results)
     print("\n".join(str(path) for path in paths))
