@@ -3,7 +3,7 @@ generate on the target, alone and batched, resident and streamed from RAM and di
 and on. With overlap on, every target layer is slowed (inside its pass, with the engine's attention
 named on the target's config) so the draft's passes start and end in the middle of the target's:
 a draft that shared the target's config object would switch the target's attention off mid-pass.
-Sampled output with the self-draft follows the target's distribution: test_engine_sampling_exactness."""
+Every dense family, streamed with one layer shared and one copied. Sampled output with the self-draft follows the target's distribution: test_engine_sampling_exactness."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.runtime import Engine
 from engine.types import Request, SamplingParams
+from tests.helpers.family_configs import FAMILIES
 from tests.helpers.offload_passes import reference_greedy
 from tests.helpers.tiny_models import make_tiny_pair
 
@@ -97,5 +98,27 @@ def test_greedy_with_the_self_draft_equals_the_target_alone(target, references, 
         assert [together[f"r{i}"] for i in range(len(PROMPTS))] == references
         assert sum(passes) < sum(LENGTHS)  # drafts were accepted (a random tiny model's 4-bit copy agrees less
         # than a trained one's: docs/bench/self-draft.md)
+    finally:
+        engine.close()
+
+
+MOE = ("mixtral", "qwen3_moe", "gpt_oss")  # experts in fused tensors: refused (tests/model/test_self_draft.py)
+
+
+@pytest.mark.parametrize("family", [family for family in FAMILIES if family not in MOE])
+def test_every_dense_family_with_the_self_draft_equals_the_target_alone(tmp_path, family, monkeypatch):
+    """Streamed from RAM with one layer resident (shared) and the other copied, overlap on."""
+    folder = make_tiny_pair(tmp_path, arch=family, seed=5, layers=2)[0]
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    want = [reference_greedy(model, prompt, 16) for prompt in PROMPTS[:2]]
+    engine = Engine.load(EngineConfig(
+        model=ModelConfig(target=str(folder), draft="self"),
+        speculation=SpeculationConfig(budget=16, max_depth=6, overlap=True),
+        offload=OffloadConfig(enabled=True, resident_layers=1),
+        limits=LimitsConfig(max_context=128),
+    ))
+    try:
+        slow_layers(engine, monkeypatch)
+        assert [engine.generate_ids(prompt, greedy(16)) for prompt in PROMPTS[:2]] == want
     finally:
         engine.close()
