@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from engine.config import EngineConfig, build_section
 from server.config import (
@@ -95,6 +97,21 @@ def server_config_from(args: argparse.Namespace | None, toml_section: dict | Non
     return build_section(ServerConfig, values, "server", source)
 
 
+def end_during_load(signum: int | None) -> NoReturn:
+    """End the process while the engine still loads in its thread: at once, as a signal before the server
+    listened does (specexec/__main__.py). Waiting would take the rest of the load (minutes for a 70B), and
+    an interpreter exit around a thread inside torch can abort (`terminate called without an active
+    exception`). Nothing is served yet: no response to finish, no file to write. Exit status: 130 for Ctrl+C
+    (128 + SIGINT), 0 for SIGTERM (as after a drain), 1 when uvicorn stopped (a port it could not bind)."""
+    code = {signal.SIGINT: 130, signal.SIGTERM: 0}.get(signum, 1) if signum is not None else 1
+    if signum is not None:
+        log.info("stopped while the model was loading (%s); the load is abandoned", signal.Signals(signum).name)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None:
     """Serve until interrupted; exits with status 1 if the engine fails to load."""
     import uvicorn
@@ -135,7 +152,11 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None
         timeout_graceful_shutdown=5,  # after the drain (server/shutdown.py), for connections still open
     )
     server = DrainingServer(config, app.state.specexec, server_config.shutdown_timeout)
-    server.run()
+    try:
+        server.run()
+    finally:
+        if app.state.specexec.load_unfinished:  # stopped (a signal, or the port taken) while the model loads
+            end_during_load(server.first_signal)
     if failed:
         print(f"specexec serve: loading the engine failed: {failed[0]}", file=sys.stderr)
         sys.exit(1)
