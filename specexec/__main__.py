@@ -15,7 +15,7 @@ import signal
 import sys
 from types import FrameType
 
-from engine.cli import CliError, add_engine_arguments, apply_threads, engine_config_from_args
+from engine.cli import CliError, add_engine_arguments, apply_threads, engine_config_from_args, resolve_models
 from engine.generate_cli import add_generate_arguments
 from engine.types import CheckpointError, ConfigError, ContextLengthError, OffloadError
 from server.serve import add_server_arguments
@@ -40,20 +40,31 @@ BENCH_TOOLS = {  # `specexec bench NAME`: module, description
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.generate_cli import run_generate
+    from engine.model.preflight import check_pair
 
     config, _ = engine_config_from_args(args)
+    check_pair(config)
     apply_threads(config)
     return run_generate(config, args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """Every mistake found before the load where it can be: the config file and flags (both sections, at
+    once), the port, then the models (downloads, folders, device, vocabularies); then the server listens
+    and loads the pair in a thread."""
     for signum in (signal.SIGTERM, signal.SIGINT):  # the server takes them over once it listens
         signal.signal(signum, stop_before_serving)
-    from server.serve import run_server, server_config_from
+    from server.serve import check_port, run_server, server_config_from
 
-    config, server_section = engine_config_from_args(args)
+    config, server_section = engine_config_from_args(args, require_folders=False)
+    server_config = server_config_from(args, server_section, args.config)
+    check_port(server_config.host, server_config.port)
+    config = resolve_models(config)
+    from engine.model.preflight import check_pair
+
+    check_pair(config)
     apply_threads(config)
-    run_server(config, server_config_from(args, server_section, args.config))
+    run_server(config, server_config)
     return 0
 
 
