@@ -23,3 +23,14 @@ def test_every_node_package_of_the_tests_is_installed_in_ci() -> None:
              if "node_modules" not in path.parts}
     assert "tests/clients/vercel_ai" in locks
     assert locks <= npm_installed_folders((REPO / ".ci" / "run").read_text()), locks
+
+
+def test_the_gptq_job_reuses_the_main_venv() -> None:
+    """scripts/test-gptq.sh layers .venv-gptq on .venv (a .pth line), installing only what the gptq extra adds:
+    no torch install of its own (3 min 23 s for a venv of its own here, 49 s layered)."""
+    script = (REPO / "scripts" / "test-gptq.sh").read_text()
+    commands = [line.strip() for line in script.splitlines() if not line.lstrip().startswith("#")]
+    assert "source scripts/setup.sh" in commands
+    assert any(line.startswith("purelib .venv/bin/python >") and ".pth" in line for line in commands)
+    installs = [line for line in commands if "pip install" in line]
+    assert len(installs) == 1 and ".[dev,gptq]" in installs[0]
