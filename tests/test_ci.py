@@ -32,5 +32,5 @@ def test_the_gptq_job_reuses_the_main_venv() -> None:
     commands = [line.strip() for line in script.splitlines() if not line.lstrip().startswith("#")]
     assert "source scripts/setup.sh" in commands
     assert any(line.startswith("purelib .venv/bin/python >") and ".pth" in line for line in commands)
-    installs = [line for line in commands if "pip install" in line]
+    installs = [line for line in commands if "-m pip install" in line]
     assert len(installs) == 1 and ".[dev,gptq]" in installs[0]
