@@ -2,6 +2,7 @@
 
     specexec plan --config configs/llama3.1-70b-instruct.toml --gpu-memory-total 24
     specexec plan --gpu-memory-total 24 --table configs/*.toml  # the README's "What fits a 24 GB card"
+    specexec plan --gpu-memory-total 24 --table Qwen/Qwen3-32B openai/gpt-oss-20b  # known models, streamed
 
 The arithmetic is engine.model.pair_plan (the server's startup plan from config.json shapes); this
 prints it: each item, the total, the KV slots, and when the pair does not fit the server's refusal
@@ -14,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from engine.cli import add_engine_arguments, engine_config_from_args
-from engine.config import engine_config_from, read_config_file
+from engine.config import EngineConfig, engine_config_from, read_config_file
 from engine.model import config_shapes, host_plan, plan_estimate
 from engine.model.pair_plan import CUDA_CONTEXT_BYTES, GB, PairPlan, alternatives, load_dtype, plan_pair
 
@@ -26,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the desktop uses)")
     parser.add_argument("--table", nargs="+", metavar="CONFIG", default=None,
                         help="instead of one plan, a markdown table of these config files' pairs and, where they do "
-                             "not fit, the changes that fit (the README's 24 GB table)")
+                             "not fit, the changes that fit (the README's 24 GB table); an entry that is no file is "
+                             "a model of configs/shapes/models.toml, streamed (--offload) with its draft there")
     parser.add_argument("--link-gbps", type=float, default=None, metavar="GB/s",
                         help="for the speed estimate: GB/s the streamed layers arrive at (default, assumed: 25 from "
                              "RAM, PCIe 4.0 x16; 3.5 from disk, an NVMe SSD)")
@@ -72,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
         print_table(args.table, total)
         return 0
     config, _ = engine_config_from_args(args, require_folders=False)
-    if config.model.draft == "auto" and config.speculation.method != "autoregressive":
-        config = with_auto_draft(config, total)
+    config = with_draft(config, total)
     result = plan_pair(config, total)
     print_plan(result, total)
     print_estimates(result, args.link_gbps, args.tokens_per_pass)
@@ -90,19 +91,62 @@ def run(args: argparse.Namespace) -> int:
     return 1
 
 
-def with_auto_draft(config, total_bytes: int):
+def with_draft(config: EngineConfig, total_bytes: int) -> EngineConfig:
+    """The draft a plan uses: one named; `auto` chosen as the server would where the target's tokenizer can
+    be had (its folder, the hub cache, or, when models.toml names no draft for it, a download of its
+    tokenizer files); else models.toml's draft for the target, or no speculation."""
+    if config.model.draft == "auto" and config.speculation.method != "autoregressive":
+        from engine.model import hub
+
+        target = config.model.target
+        known = None if hub.is_local(target) else config_shapes.read_model_config(target)[0].get("draft")
+        at_hand = hub.is_local(target) or hub.cached_snapshot(target, config.model.revision) is not None
+        chosen = with_auto_draft(config, total_bytes) if at_hand or not known else None
+        if chosen is not None:
+            return chosen
+        config = config.replace("model", draft="")
+    return with_known_draft(config)
+
+
+def with_known_draft(config: EngineConfig, say: bool = True) -> EngineConfig:
+    """A target named without a draft plans with the draft models.toml names for it (one of its token
+    ids); a target with none plans without speculation. `say`: which, on stdout."""
+    if config.model.draft or config.speculation.method == "autoregressive":
+        return config
+    target, _ = config_shapes.read_model_config(config.model.target)
+    draft = target.get("draft")
+    if draft:
+        if say:
+            print(f"draft: {draft} ({config_shapes.KNOWN_SHAPES.name}'s draft for the target: it shares its token ids)")
+        return config.replace("model", draft=draft)
+    if say:
+        print("no draft given and none known to share the target's token ids: planned without speculation "
+              "(--method autoregressive)")
+    return config.replace("speculation", method="autoregressive")
+
+
+def table_config(entry: str) -> tuple[EngineConfig, str]:
+    """A --table entry's config and name: a config file, or a known model streamed with its known draft."""
+    if Path(entry).is_file():
+        return engine_config_from(read_config_file(entry), {}, entry), Path(entry).name
+    config = engine_config_from({}, {"model": {"target": entry}, "offload": {"enabled": True}})
+    return with_known_draft(config, say=False), f"`{entry}`"
+
+
+def with_auto_draft(config: EngineConfig, total_bytes: int) -> EngineConfig | None:
     """`--draft auto` for a plan: chosen as the server would choose it on this GPU, without weights
-    (the target's tokenizer from its folder or the hub cache, else its tokenizer files downloaded)."""
+    (the target's tokenizer from its folder or the hub cache, else its tokenizer files downloaded);
+    None when the tokenizer cannot be had."""
     import sys
 
     from engine.model import draft_auto, hub
-    from engine.types import CheckpointError
 
     target = config.model.target
     tokens = target if hub.is_local(target) else hub.tokenizer_folder(target)
     if tokens is None:
-        raise CheckpointError(f"--draft auto: {target}'s tokenizer is not in the cache and cannot be downloaded now; "
-                              "name a draft with --draft")
+        print(f"specexec: --draft auto: {target}'s tokenizer is not in the cache and cannot be downloaded now",
+              file=sys.stderr)
+        return None
     draft, why = draft_auto.choose_draft(config, target, total_bytes, f"a {total_bytes / GB:g} GB GPU",
                                          tokens_folder=str(tokens), fetch=False)
     print(f"specexec: {why}", file=sys.stderr)
@@ -118,14 +162,15 @@ def table_row(name: str, flags: str, result: PairPlan) -> str:
 
 
 def print_table(paths: list[str], total_bytes: int) -> None:
-    """A markdown table: each config's pair as configured, and when it does not fit the alternatives; with the
-    host RAM each needs and its speed estimate at the assumed link and tokens per pass."""
+    """A markdown table: each config's (or known model's) pair as configured, and when it does not fit
+    the alternatives; with the host RAM each needs and its speed estimate at the assumed link and tokens per
+    pass."""
     usable = (total_bytes - CUDA_CONTEXT_BYTES) / GB
     print(f"| config | target | draft | changed | resident layers | KV slots | GB (of {usable:g}) | fits | host RAM GB "
           "| est. tokens/s (tokens per pass x passes/s) |")
     print("|---|---|---|---|--:|---|--:|---|--:|--:|")
     for path in paths:
-        config, name = engine_config_from(read_config_file(path), {}, path), Path(path).name
+        config, name = table_config(path)
         result = plan_pair(config, total_bytes)
         print(table_row(name, "", result))
         if not result.fits:

@@ -22,8 +22,10 @@ from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig
 from engine.model import checkpoint, config_shapes, memory_plan
 from engine.model.pair_plan import GB, plan_pair
 from engine.model.runner import DecoderRunner
+from engine.offload.layout import layer_tensors
 from engine.runtime import Engine
 from specexec.__main__ import main
+from tests.helpers.family_configs import FAMILIES
 from tests.helpers.tiny_models import make_tiny_pair
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -61,14 +63,34 @@ def test_the_8b_draft_on_24_gb_is_refused_with_the_readme_alternatives(capsys):
     assert len(table) == 4  # as configured, and the three drafts
 
 
-def test_the_readme_table_is_the_commands_output():
+def test_the_readme_tables_are_the_commands_output():
+    """The shipped configs' table and today's models' table (known models, streamed, with their drafts)."""
     readme = (CONFIG_DIR.parent / "README.md").read_text()
-    command = next(line.strip() for line in readme.splitlines()
-                   if line.strip().startswith("specexec plan --gpu-memory-total 24 --table"))
-    argv = command.split()[2:]
-    out = subprocess.run([sys.executable, "-m", "specexec", "plan", *argv], capture_output=True, text=True,
-                         check=True, cwd=CONFIG_DIR.parent).stdout
-    assert out.strip() in readme
+    commands = [line.strip() for line in readme.splitlines()
+                if line.strip().startswith("specexec plan --gpu-memory-total 24 --table")]
+    assert len(commands) == 2
+    for command in commands:
+        argv = command.split()[2:]
+        out = subprocess.run([sys.executable, "-m", "specexec", "plan", *argv], capture_output=True, text=True,
+                             check=True, cwd=CONFIG_DIR.parent).stdout
+        assert out.strip() in readme, command
+
+
+KNOWN = config_shapes.known_models()
+
+
+@pytest.mark.parametrize("name", list(KNOWN))
+def test_every_known_model_plans_from_its_name_alone(name, capsys):
+    """`specexec plan --target <id> --gpu-memory-total 24` answers without a GPU or weights, with the draft
+    models.toml names for it (one of its vocabulary), or without speculation where none is known."""
+    code, out = plan(capsys, "--target", name, "--gpu-memory-total", "24")
+    assert code in (0, 1) and "| total |" in out
+    assert ("what fits instead:" in out or "nothing of the kind" in out) == (code == 1)
+    draft = KNOWN[name].get("draft")
+    if draft is None:
+        assert "planned without speculation" in out
+    else:
+        assert KNOWN[draft]["vocab_family"] == KNOWN[name]["vocab_family"] and f"draft  {draft}" in out
 
 
 @pytest.mark.parametrize(("kernel", "bytes_per_weight"), [("auto", 5), ("int4", 5), ("dequantize", 7)])
@@ -88,34 +110,48 @@ def test_an_unknown_model_names_the_fix(capsys, tmp_path):
     assert "nowhere: no config.json there; name a model folder, or a hub id" in capsys.readouterr().err
 
 
-ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
-
-
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    return {arch: tuple(map(str, make_tiny_pair(tmp_path_factory.mktemp(arch), arch=arch, draft="noisy", seed=2)))
-            for arch in ARCHS}
+    cache: dict[str, tuple[str, str]] = {}
+
+    def get(arch: str) -> tuple[str, str]:
+        if arch not in cache:
+            folder = tmp_path_factory.mktemp(arch)
+            cache[arch] = tuple(map(str, make_tiny_pair(folder, arch=arch, draft="noisy", seed=2, layers=3)))
+        return cache[arch]
+
+    return get
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+def constants(modules: list[torch.nn.Module]) -> int:
+    """Bytes of the non-persistent buffers (rotary tables, Gemma's embedding scale): not weights."""
+    return sum(sub._buffers[name].numel() * sub._buffers[name].element_size() for module in modules
+               for sub in module.modules() for name in sub._non_persistent_buffers_set)
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_shapes_arithmetic_gives_the_loaded_bytes(pairs, arch):
-    target, _ = pairs[arch]
+    """Every family: weights per layer (norms, sinks, fused projections, experts), the outer weights,
+    the plan's shape (windows, the MoE width a token runs through, eager attention's score blocks)."""
+    target, _ = pairs(arch)
     model = checkpoint.load_model(target, torch.float32)
     runner = DecoderRunner(model)
     measured = memory_plan.loaded_bytes(runner, None, [], [])
     config = json.loads((Path(target) / "config.json").read_text())
     counted = config_shapes.weight_bytes(config, 4)
-    assert counted.outer == measured["target embeddings, norm and head"] - sum(
-        b.numel() * b.element_size() for b in model.model.rotary_emb.buffers())  # rotary tables: not weights
-    assert counted.num_layers * counted.layer == measured["target resident layers"]
+    outer = [runner.embed_tokens, runner.norm, runner.lm_head, runner.rotary_emb]
+    assert counted.outer == measured["target embeddings, norm and head"] - constants(outer)
+    assert counted.layers == tuple(sum(t.numel() * t.element_size() for t in layer_tensors(layer).values())
+                                   for layer in runner.hf_layers)
+    assert sum(counted.layers) == measured["target resident layers"]
     assert config_shapes.shape_from_config(config, 4) == memory_plan.shape_of(runner)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mixtral"])
+@pytest.mark.parametrize("arch", ["llama", "mixtral", "qwen3_moe", "gpt_oss"])
 def test_the_plan_is_the_engines_plan(pairs, arch):
     """On CPU the engine's plan has no CUDA reserve; everything else (KV caches, logits, masks,
     activations, workspaces) is the same arithmetic on the same inputs."""
-    target, draft = pairs[arch]
+    target, draft = pairs(arch)
     config = EngineConfig(model=ModelConfig(target=target, draft=draft, dtype="float32"),
                           speculation=SpeculationConfig(budget=32),
                           offload=OffloadConfig(enabled=True, resident_layers=1),
@@ -158,3 +194,9 @@ def test_the_plan_prints_its_host_ram_and_a_labelled_speed_estimate(capsys):
     code, out = plan(capsys, "--target", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "autoregressive",
                      "--gpu-memory-total", "24")  # resident: nothing streams, no estimate from the link
     assert "speed estimate: none (no layer streams" in out
+
+
+def test_a_family_the_engine_refuses_is_refused_by_the_plan_too(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"}))
+    code = main(["plan", "--target", str(tmp_path), "--method", "autoregressive", "--gpu-memory-total", "24"])
+    assert code == 2 and "linear-attention hybrid" in capsys.readouterr().err

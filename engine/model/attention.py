@@ -1,7 +1,9 @@
-"""Attention pieces of a pass: rotary helper, additive masks with aligned rows, grouped-query attention.
+"""Attention pieces of a pass: additive masks with aligned rows, grouped-query attention.
 
 Masks are additive ([1, 1, n, kv_len]: 0 where a token may attend a slot, finfo.min elsewhere) and
-their rows start at MASK_ALIGN-aligned offsets, as the memory-efficient kernel reads them.
+their rows start at MASK_ALIGN-aligned offsets, as the memory-efficient kernel reads them. `attend`
+runs SDPA; `attend_eager` is the explicit form for what SDPA cannot express (attention sinks, logit
+soft-capping), a bounded block of query rows at a time.
 """
 
 from __future__ import annotations
@@ -11,11 +13,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
 MASK_ALIGN = 16  # mask rows start at multiples of 16 elements, as the memory-efficient kernel reads them
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+EAGER_SCORES_BYTES = 128 * 2**20  # attend_eager: fp32 scores of at most this many bytes at a time
 
 
 def attention_backends(device: torch.device) -> list[SDPBackend]:
@@ -74,6 +72,42 @@ def attend(
     out = F.scaled_dot_product_attention(
         grouped, keys[:, None].expand(shape), values[:, None].expand(shape), attn_mask=mask, scale=scale
     )  # [kv_heads, group, n, head_dim]
+    return out.permute(2, 0, 1, 3).reshape(num_tokens, num_heads, head_dim)
+
+
+def attend_eager(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`attend` written out, as transformers' eager attention computes it: scores = q k^T x scale,
+    soft-capped (cap x tanh(scores / cap)) when softcap is set, plus the mask; with sinks ([heads], one
+    logit per head, GPT-OSS) each row's softmax also counts exp(sink), which takes no value. fp32
+    softmax. Shapes as `attend`; the scores of a block of query rows ([kv_heads, group x rows, kv_len],
+    at most EAGER_SCORES_BYTES) exist at a time. Returns [n, heads, head_dim]."""
+    num_heads, num_tokens, head_dim = query.shape
+    num_kv_heads, kv_len = keys.shape[:2]
+    group = num_heads // num_kv_heads
+    grouped = query.unflatten(0, (num_kv_heads, group))  # [kv_heads, group, n, head_dim]
+    block = max(1, EAGER_SCORES_BYTES // (4 * num_heads * kv_len))
+    outs = []
+    for begin in range(0, num_tokens, block):
+        rows = min(block, num_tokens - begin)
+        q = grouped[:, :, begin : begin + rows].reshape(num_kv_heads, group * rows, head_dim)
+        scores = torch.bmm(q, keys.transpose(1, 2)).float() * scale  # [kv_heads, group x rows, kv_len]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.view(num_kv_heads, group, rows, kv_len) + mask[0, :, begin : begin + rows]
+        if sinks is not None:
+            sink = sinks.float().view(num_kv_heads, group, 1, 1).expand(-1, -1, rows, 1)
+            scores = torch.cat([scores, sink], dim=-1)  # [kv_heads, group, rows, kv_len + 1]
+        probs = scores.softmax(dim=-1)[..., :kv_len].to(values.dtype).view(num_kv_heads, group * rows, kv_len)
+        outs.append(torch.bmm(probs, values).view(num_kv_heads, group, rows, head_dim))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [kv_heads, group, n, head_dim]
     return out.permute(2, 0, 1, 3).reshape(num_tokens, num_heads, head_dim)
 
 

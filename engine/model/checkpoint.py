@@ -11,8 +11,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from engine.model import gptq, int4_formats
-from engine.model.runner import SUPPORTED_ARCHS
+from engine.model import families, gptq, int4_formats
 from engine.types import CheckpointError, ConfigError, VocabMismatchError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -67,9 +66,9 @@ def read_config(path: str) -> dict:
         config = json.loads(config_file.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: config.json is not valid JSON ({exc}); download the checkpoint again") from None
-    archs = config.get("architectures") or []
-    if not any(arch in SUPPORTED_ARCHS for arch in archs):
-        raise CheckpointError(f"{path}: architecture {archs} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+    refused = families.refusal(config.get("architectures") or [])
+    if refused is not None:
+        raise CheckpointError(f"{path}: {refused}")
     gptq.check_loadable(path, config)
     return config
 

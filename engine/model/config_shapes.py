@@ -21,6 +21,7 @@ from pathlib import Path
 
 import tomllib
 
+from engine.model import families, layer_shapes
 from engine.model.memory_plan import ModelShape
 from engine.types import CheckpointError
 
@@ -43,7 +44,11 @@ def read_model_config(model: str) -> tuple[dict, str]:
     if not config_file.is_file():
         config_file = hub.model_config_file(model, download=False) or Path(model) / "config.json"
     if config_file.is_file():
-        return json.loads(config_file.read_text()), str(config_file)
+        config = json.loads(config_file.read_text())
+        refused = families.refusal(config.get("architectures") or [])
+        if refused is not None:  # what the load refuses, the plan refuses too
+            raise CheckpointError(f"{model}: {refused}")
+        return config, str(config_file)
     known = known_models()
     if model in known:
         return known[model], f"{KNOWN_SHAPES.name} [{model}]"
@@ -72,11 +77,15 @@ def _dims(config: dict) -> tuple[int, int, int, int, int, int]:
 
 
 def shape_from_config(config: dict, dtype_bytes: int) -> ModelShape:
-    hidden, heads, kv_heads, head_dim, intermediate, _ = _dims(config)
+    """The plan's shape of a model, from transformers' config of its fields (windows per layer type, the
+    MoE experts a token runs through, the eager attention's score blocks)."""
+    hidden, heads, kv_heads, head_dim, _, _ = _dims(config)
+    cfg = layer_shapes.hf_config(config)
     return ModelShape(
         num_layers=config["num_hidden_layers"], num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        hidden_size=hidden, intermediate_size=intermediate, vocab_size=config["vocab_size"],
-        dtype_bytes=dtype_bytes, num_windows=1,
+        hidden_size=hidden, intermediate_size=layer_shapes.mlp_width(cfg), vocab_size=config["vocab_size"],
+        dtype_bytes=dtype_bytes, num_windows=len(layer_shapes.config_windows(cfg)),
+        attention_scratch_bytes=layer_shapes.attention_scratch_bytes(layer_shapes.family_of_config(cfg)),
     )
 
 
@@ -112,37 +121,48 @@ def gptq_linear_bytes(k: int, n: int, bias: bool, quant: dict, gptq_kernel: str)
 class ConfigBytes:
     """Device bytes of a model's weights, from its config.json."""
 
-    layer: int  # one decoder layer (all alike)
-    num_layers: int
+    layers: tuple[int, ...]  # each decoder layer
     outer: int  # embeddings, final norm, head
     largest_matrix: int  # elements of the largest quantized matrix (0: not quantized)
 
     @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def layer(self) -> int:
+        """The largest decoder layer (a ring slot's size)."""
+        return max(self.layers)
+
+    @property
     def total(self) -> int:
-        return self.outer + self.num_layers * self.layer
+        return self.outer + sum(self.layers)
 
 
 def weight_bytes(config: dict, dtype_bytes: int, gptq_kernel: str = "dequantize") -> ConfigBytes:
-    """Bytes of `config`'s weights loaded at `dtype_bytes` per element (a GPTQ checkpoint's quantized
-    layers in `gptq_kernel`'s form, its other tensors at the load dtype)."""
+    """Bytes of `config`'s weights loaded at `dtype_bytes` per element: each decoder layer as the family's
+    own layer class holds it (layer_shapes); a 4-bit checkpoint's quantized layers (dense Llama-shaped
+    layers: `linears`) in `gptq_kernel`'s form (AWQ and compressed-tensors on the dequantize kernel: the
+    file's own tensors), its other tensors at the load dtype."""
     from engine.model import int4_formats
 
     hidden, _, _, _, _, experts = _dims(config)
     quant = int4_formats.plan_fields(config)
-    maps = linears(config)
-    if quant and gptq_kernel == "dequantize" and int4_formats.format_of(config) is not None:  # the file's form
-        layer = sum(int4_formats.file_linear_bytes(k, n, bias, config, dtype_bytes) for k, n, bias in maps)
+    largest = 0
+    if quant:
+        maps = linears(config)
+        if gptq_kernel == "dequantize" and int4_formats.format_of(config) is not None:  # the file's form
+            layer = sum(int4_formats.file_linear_bytes(k, n, bias, config, dtype_bytes) for k, n, bias in maps)
+        else:
+            layer = sum(gptq_linear_bytes(k, n, bias, quant, gptq_kernel) for k, n, bias in maps)
         largest = max(k * n for k, n, _ in maps)
-    elif quant:
-        layer = sum(gptq_linear_bytes(k, n, bias, quant, gptq_kernel) for k, n, bias in maps)
-        largest = max(k * n for k, n, _ in maps)
+        layer += 2 * hidden * dtype_bytes  # the two norms
+        if experts > 1:
+            layer += hidden * experts * dtype_bytes  # the router
+        layers = (layer,) * config["num_hidden_layers"]
     else:
-        layer = sum((k * n + (n if bias else 0)) * dtype_bytes for k, n, bias in maps)
-        largest = 0
-    layer += 2 * hidden * dtype_bytes  # the two norms
-    if experts > 1:
-        layer += hidden * experts * dtype_bytes  # the router
+        layers = layer_shapes.layer_bytes(config, dtype_bytes)
     vocab = config["vocab_size"]
     tied = config.get("tie_word_embeddings", False)
     outer = (vocab * hidden * (1 if tied else 2) + hidden) * dtype_bytes
-    return ConfigBytes(layer, config["num_hidden_layers"], outer, largest)
+    return ConfigBytes(layers, outer, largest)

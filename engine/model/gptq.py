@@ -75,9 +75,10 @@ def check_loadable(path: str, config: dict) -> None:
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
     if method not in SUPPORTED_METHODS:
+        hint = "; GPT-OSS runs from bf16 weights (a bf16 copy of the checkpoint)" if method == "mxfp4" else ""
         raise CheckpointError(
             f"{path}: quantization method {method!r} is not supported; supported: "
-            f"{', '.join((*SUPPORTED_METHODS, *OTHER_METHODS))}"
+            f"{', '.join((*SUPPORTED_METHODS, *OTHER_METHODS))}{hint}"
         )
     missing = missing_modules()
     if missing:

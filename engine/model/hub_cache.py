@@ -26,7 +26,7 @@ class CachedModel:
 
 
 def supported(config: dict) -> bool:
-    from engine.model.runner import SUPPORTED_ARCHS
+    from engine.model.families import SUPPORTED_ARCHS
 
     return any(arch in SUPPORTED_ARCHS for arch in config.get("architectures") or [])
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.model import layer_shapes
 from engine.model.runner import DecoderRunner
 from engine.types import ConfigError
 
@@ -42,6 +43,7 @@ class ModelShape:
     vocab_size: int
     dtype_bytes: int  # activations and KV
     num_windows: int  # distinct sliding windows: one additive mask each
+    attention_scratch_bytes: int = 0  # score blocks of the eager attention path (attention sinks)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
         PlanItem("logits processing", inputs.logits_processing_bytes, False),
         PlanItem("target masks", mask_bytes(target, max(nodes, chunk), target_capacity), False),
         PlanItem("target activations", activation_bytes(target, max(nodes, chunk)), False),
+        PlanItem("target attention scores", target.attention_scratch_bytes, False),
     ]
     if inputs.streamed:  # layer-major prefill: the prompt's hidden states in and out of a layer
         items.append(PlanItem("prefill hidden states", 2 * inputs.max_context * target.hidden_size
@@ -148,6 +151,7 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
             PlanItem("draft logits", rows * draft.vocab_size * 4 * 3, False),  # logits, log-probs, top-k
             PlanItem("draft masks", mask_bytes(draft, max(rows, chunk), draft_capacity), False),
             PlanItem("draft activations", activation_bytes(draft, max(rows, chunk)), False),
+            PlanItem("draft attention scores", draft.attention_scratch_bytes, False),
         ]
     if inputs.dequant_scratch_bytes:
         items.append(PlanItem("GPTQ dequantization scratch", inputs.dequant_scratch_bytes, False))
@@ -223,10 +227,11 @@ def shape_of(runner: DecoderRunner) -> ModelShape:
         num_kv_heads=runner.num_kv_heads,
         head_dim=runner.head_dim,
         hidden_size=cfg.hidden_size,
-        intermediate_size=getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size,
+        intermediate_size=layer_shapes.mlp_width(cfg),
         vocab_size=runner.vocab_size,
         dtype_bytes=runner.dtype.itemsize,
         num_windows=len(set(runner.windows)),
+        attention_scratch_bytes=layer_shapes.attention_scratch_bytes(runner.family),
     )
 
 

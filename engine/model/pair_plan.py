@@ -80,14 +80,16 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
     target_kernel, draft_kernel = gptq_kernels(config)
     target = config_shapes.weight_bytes(target_cfg, dtype_bytes, target_kernel)
     draft = config_shapes.weight_bytes(draft_cfg, dtype_bytes, draft_kernel) if draft_cfg else None
-    num_resident = target.num_layers
+    resident = list(range(target.num_layers))
     if config.offload.enabled:
-        num_resident = len(plan_resident([target.layer] * target.num_layers, config.offload))
+        resident = plan_resident(list(target.layers), config.offload)
+    num_resident = len(resident)
     streams = num_resident < target.num_layers
+    streamed = [nbytes for idx, nbytes in enumerate(target.layers) if idx not in set(resident)]
     loaded = {
         "target embeddings, norm and head": target.outer,
-        "target resident layers": num_resident * target.layer,
-        "offload ring": config.offload.ring_size * target.layer if streams else 0,
+        "target resident layers": sum(target.layers[idx] for idx in resident),
+        "offload ring": config.offload.ring_size * max(streamed) if streams else 0,  # slots fit the largest
     }
     if draft is not None:
         loaded["draft weights"] = draft.total
@@ -197,15 +199,17 @@ def same_vocabulary_drafts(config: EngineConfig) -> list[str]:
 def alternatives(config: EngineConfig, total_bytes: int) -> list[tuple[str, PairPlan]]:
     """Changes of the kind the refusal names that make `config` fit: (flags, plan), fewest changes first."""
     found: list[tuple[str, PairPlan]] = []
-    fewer = most_resident_that_fit(config, total_bytes) if config.offload.enabled else None
+    offload = "" if config.offload.enabled else "--offload "  # a resident target that does not fit streams
+    fewer = most_resident_that_fit(config, total_bytes)
     if fewer is not None:
-        found.append((gpu_memory_flag(fewer), fewer))
+        found.append((offload + gpu_memory_flag(fewer), fewer))
     for draft in same_vocabulary_drafts(config):
         result = most_resident_that_fit(config.replace("model", draft=draft), total_bytes)
         if result is not None:
-            found.append((f"--draft {draft} {gpu_memory_flag(result)}", result))
-    if config.offload.enabled and fewer is None:  # not even streaming every layer fits: a shorter context?
-        shorter = largest_fitting_context(config.replace("offload", resident_layers=0, gpu_memory=None), total_bytes)
+            found.append((f"{offload}--draft {draft} {gpu_memory_flag(result)}", result))
+    if fewer is None:  # not even streaming every layer fits: a shorter context?
+        streamed = config.replace("offload", enabled=True, resident_layers=0, gpu_memory=None)
+        shorter = largest_fitting_context(streamed, total_bytes)
         if shorter is not None:
-            found.append((f"--max-context {shorter.inputs.max_context} --resident-layers 0", shorter))
+            found.append((f"{offload}--max-context {shorter.inputs.max_context} --resident-layers 0", shorter))
     return found

@@ -21,8 +21,10 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from engine.config import OffloadConfig
 from engine.model import config_shapes, gptq, host_plan
 from engine.model.pair_plan import GB, PairPlan
+from engine.offload.build import plan_resident
 
 # bytes per second the streamed layers arrive at, by offload source (assumed; --link-gbps overrides)
 LINK_GBPS = {"ram": 25.0, "disk": 3.5}
@@ -91,19 +93,29 @@ def estimate_speed(result: PairPlan, link_gbps: float | None = None,
     else:
         tokens_why = (f"assumed for budget {budget}, from the SpecExec paper's 70B targets with 7B drafts (13.5 at "
                       "budget 256, about 20 at 2048; --tokens-per-pass)")
-    return SpeedEstimate(streamed_layers * result.weights[0].layer, streamed_layers,
-                         link_gbps or LINK_GBPS[source], link_why,
+    return SpeedEstimate(sum(streamed_layer_bytes(result)), streamed_layers, link_gbps or LINK_GBPS[source], link_why,
                          tokens_per_pass or assumed_tokens_per_pass(budget, config.speculation.method), tokens_why)
+
+
+def resident_offload(result: PairPlan) -> OffloadConfig:
+    """The plan's offload settings with its resident layers fixed (as sized, whatever --gpu-memory asked)."""
+    return dataclasses.replace(result.config.offload, resident_layers=result.resident_layers, gpu_memory=None)
+
+
+def streamed_layer_bytes(result: PairPlan) -> list[int]:
+    """Bytes of each target layer that streams in every pass (layers may differ: engine.model.config_shapes)."""
+    layers = result.weights[0].layers
+    resident = set(plan_resident(list(layers), resident_offload(result)))
+    return [nbytes for idx, nbytes in enumerate(layers) if idx not in resident]
 
 
 def host_ram(result: PairPlan) -> tuple[int, list[tuple[str, int]]]:
     """(bytes with the margin, the items) of host memory the load of `result`'s pair holds at its peak."""
     config = result.config
     target, draft = result.weights
-    checkpoint = host_plan.CheckpointBytes((target.layer,) * target.num_layers, target.outer)
+    checkpoint = host_plan.CheckpointBytes(tuple(target.layers), target.outer)
     target_cfg, _ = config_shapes.read_model_config(config.model.target)
     streaming = config.offload.enabled and gptq.quant_method(target_cfg) is None
-    offload = dataclasses.replace(config.offload, resident_layers=result.resident_layers, gpu_memory=None)
-    items = host_plan.host_items(offload, False, checkpoint, draft.total if draft else 0, streaming)
+    items = host_plan.host_items(resident_offload(result), False, checkpoint, draft.total if draft else 0, streaming)
     need = sum(nbytes for _, nbytes in items)
     return need + host_plan.margin_for(need), items

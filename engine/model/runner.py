@@ -1,15 +1,19 @@
-"""Decoder layer loop over the engine's own KV cache (Llama, Mistral, Qwen2, Mixtral families).
+"""Decoder layer loop over the engine's own KV cache, for every family of engine.model.families.
 
-The engine calls each decoder layer's submodules itself (norms, q/k/v/o projections, MLP or
-MoE block), so it depends neither on how transformers iterates its layer list nor on its
-cache classes. Attention takes an additive mask over cache slots [0, start + n): the caller
-spells out exactly what every new token may see (prefix + its tree ancestors). `prefill` runs a
-long prompt layer-major, so a streamed target brings each layer to the device once.
+The engine owns the loop: which layer runs when and from which buffer (resident, or a streamed ring
+slot: engine.offload), layer-major prefill, several segments per pass. Inside a layer the model's own
+transformers code runs (its decoder layer's `forward`: norms, projections, q/k norms, rotary, MLP or
+MoE block), with the engine's attention registered through transformers' attention interface
+(engine.model.hf_attention): it writes keys and values to the segment's cache slots and attends under
+an additive mask over slots [0, start + n) that spells out exactly what every new token may see
+(prefix + its tree ancestors). Embeddings, rotary tables, final norm and head come from the model's own
+modules; the few model-level multipliers transformers keeps in `forward` come from engine.model.families.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import inspect
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -18,18 +22,23 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from engine.model.attention import (
-    additive_mask,
-    attend,
-    attention_backends,
-    causal_additive_mask,
-    causal_allowed,
-    rotate_half,
-    window_masks,
-)
+from engine.model import families
+from engine.model.attention import additive_mask, attend, attention_backends, window_masks
+from engine.model.hf_attention import GroupInputs, SegmentInputs, engine_attention
 from engine.model.kv_cache import KVCache
 
-SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "MixtralForCausalLM")
+# wrappers transformers puts around a decoder layer's forward that do nothing in the engine's pass, skipped
+# (by the wrapper function's own name): gradient checkpointing (training only; 5.24 wraps forward, 5.17
+# overrides __call__) and deprecate_kwarg (renames a cache kwarg the engine never passes). ~10 us a layer.
+PASS_THROUGH_WRAPPERS = ("forward_with_checkpointing", "wrapped_func")
+
+
+def plain_forward(layer_class: type) -> Callable[..., torch.Tensor]:
+    """The layer class's forward without the pass-through wrappers (any other wrapper is kept)."""
+    forward = layer_class.forward
+    while getattr(forward, "__code__", None) is not None and forward.__code__.co_name in PASS_THROUGH_WRAPPERS:
+        forward = forward.__wrapped__
+    return forward
 
 
 class LayerSource(Protocol):
@@ -69,24 +78,6 @@ class Segment:
     logit_rows: torch.Tensor | None = None  # rows that need logits (None: all; empty: none)
 
 
-@dataclass
-class SegmentInputs:
-    cache: KVCache
-    start_slot: int
-    row_begin: int  # the segment's rows in its group's [1, rows, hidden] block
-    row_end: int
-    masks: dict[int | None, torch.Tensor] | None  # sliding window -> additive mask; None: causal prefill
-
-
-@dataclass
-class GroupInputs:
-    """What every layer of one pass shares for one group of segments."""
-
-    cos: torch.Tensor  # [1, rows, head_dim]
-    sin: torch.Tensor  # [1, rows, head_dim]
-    segments: list[SegmentInputs]
-
-
 def prefill_groups(input_ids: torch.Tensor, cache: KVCache, start_slot: int, chunk_len: int) -> list[list[Segment]]:
     """Causal prefill of input_ids ([L]) at slots (= positions) from start_slot, one group per chunk."""
     groups = []
@@ -102,9 +93,7 @@ class DecoderRunner:
     """Runs one HF causal LM (batch 1) over a KVCache with explicit masks and positions."""
 
     def __init__(self, hf_model: nn.Module, layer_source: LayerSource | None = None):
-        arch = type(hf_model).__name__
-        if arch not in SUPPORTED_ARCHS:
-            raise ValueError(f"unsupported architecture {arch}; supported: {', '.join(SUPPORTED_ARCHS)}")
+        self.family = families.family_of(hf_model)  # ValueError: a family the engine cannot run
         cfg = hf_model.config
         base = hf_model.model
         self.config = cfg
@@ -122,16 +111,19 @@ class DecoderRunner:
         # an id in [num_embeddings, vocab of the ids fed in) is embedded as this one (a draft whose
         # embedding is smaller than the target's padded vocabulary); None: every fed id is embeddable
         self.fallback_input_id: int | None = None
-        self.windows = [self._window_of(layer) for layer in self.hf_layers]  # per layer, None = full
+        self.windows = families.layer_windows(cfg, self.hf_layers)  # per layer, None = full
+        self.rotary_keys = self._rotary_keys()  # per layer: which rotary table it reads
+        self.rotary_key_set = sorted(set(self.rotary_keys), key=str)
+        # per layer: its class's forward, called as forward(layer, ...): no module hooks (the engine sets none)
+        self.layer_forwards = [plain_forward(type(layer)) for layer in self.hf_layers]
         self.attention_backends: list[SDPBackend] | None = None  # None: by device; a GPU check may pin one
 
-    def _window_of(self, layer: nn.Module) -> int | None:
-        attn = layer.self_attn
-        if hasattr(attn, "sliding_window"):
-            return attn.sliding_window
-        if type(attn).__name__.startswith(("Mistral", "Mixtral")):
-            return getattr(self.config, "sliding_window", None)
-        return None
+    def _rotary_keys(self) -> list[str | None]:
+        """Per layer, the argument its rotary table is computed with: its layer type where the model's
+        rotary module takes one (Gemma 3's local and global tables), else None (one table)."""
+        if "layer_type" not in inspect.signature(self.rotary_emb.forward).parameters:
+            return [None] * len(self.hf_layers)
+        return list(self.config.layer_types[: len(self.hf_layers)])
 
     @property
     def device(self) -> torch.device:
@@ -183,40 +175,57 @@ class DecoderRunner:
         plans = [self._group_inputs(group) for group in groups]
         hidden = [self.embed(torch.cat([s.input_ids for s in group]))[None] for group in groups]
         self.layers.begin_pass()
-        with self._attention_kernels():
+        with self._attention_kernels(), engine_attention(self.config):
             for idx in range(self.layers.num_layers):
                 with self.layers.layer(idx) as layer:
                     for g, plan in enumerate(plans):
-                        hidden[g] = self._layer(layer, idx, hidden[g], plan)
+                        hidden[g] = self._run_layer(layer, idx, hidden[g], plan)
         return [self._logits(group, plan, h) for group, plan, h in zip(groups, plans, hidden, strict=True)]
 
+    def _run_layer(self, layer: nn.Module, idx: int, hidden: torch.Tensor, plan: GroupInputs) -> torch.Tensor:
+        """hidden [1, rows, hidden] through the family's own decoder layer (its attention module calls the
+        engine's attention: hf_attention, with this group and layer passed through the layer's kwargs)."""
+        return self.layer_forwards[idx](
+            layer, hidden, position_ids=plan.position_ids, position_embeddings=plan.rotary[self.rotary_keys[idx]],
+            specexec_group=plan, specexec_layer=idx,
+        )
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[n] ids -> [n, hidden]; with fallback_input_id, ids past the embedding are embedded as it
-        (on the device: no host sync, no out-of-range lookup)."""
+        """[n] ids -> [n, hidden], scaled as the model scales them; with fallback_input_id, ids past the
+        embedding are embedded as it (on the device: no host sync, no out-of-range lookup)."""
         if self.fallback_input_id is not None:
             fallback = torch.full_like(input_ids, self.fallback_input_id)
             input_ids = torch.where(input_ids < self.num_embeddings, input_ids, fallback)
-        return self.embed_tokens(input_ids)
+        return families.scale_embeddings(self.family, self.config, self.embed_tokens(input_ids))
 
     def _group_inputs(self, group: list[Segment]) -> GroupInputs:
-        """Positions written to each cache; masks for segments with an explicit `allowed`."""
-        positions = torch.cat([s.position_ids for s in group])  # [rows]
-        cos, sin = self.rotary_emb(self.embed_tokens.weight[:1, None], positions[None])  # [1, rows, head_dim]
+        """Positions written to each cache; rotary tables of the group's rows; masks for segments with
+        an explicit `allowed`."""
+        positions = torch.cat([s.position_ids for s in group])[None]  # [1, rows]
+        like = self.embed_tokens.weight[:1, None]  # the rotary module reads dtype and device off it
+        rotary = {key: self._rotary(like, positions, key) for key in self.rotary_key_set}
         inputs, row = [], 0
         for s in group:
             num_tokens = s.input_ids.shape[0]
             kv_len = s.start_slot + num_tokens
             s.cache.write_positions(s.start_slot, s.position_ids)
-            masks = None
+            masks = {}
             if s.allowed is not None:
                 assert s.allowed.shape == (num_tokens, kv_len), f"mask {tuple(s.allowed.shape)} != {(num_tokens, kv_len)}"
                 masks = window_masks(s.allowed, s.position_ids, s.cache.positions[:kv_len], set(self.windows), self.dtype)
-            inputs.append(SegmentInputs(s.cache, s.start_slot, row, row + num_tokens, masks))
+            inputs.append(SegmentInputs(s.cache, s.start_slot, row, row + num_tokens, s.allowed, s.position_ids, masks))
             row += num_tokens
-        return GroupInputs(cos, sin, inputs)
+        return GroupInputs(positions, rotary, inputs, self.dtype)
+
+    def _rotary(self, like: torch.Tensor, positions: torch.Tensor, key: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) of `positions` ([1, rows]) from the model's rotary module: [1, rows, rotary dim] each."""
+        return self.rotary_emb(like, positions) if key is None else self.rotary_emb(like, positions, key)
 
     def _logits(self, group: list[Segment], plan: GroupInputs, hidden: torch.Tensor) -> list[torch.Tensor | None]:
-        """norm + head over the rows the segments ask for, in one call; split back per segment."""
+        """norm + head (+ the family's logit scaling) over the rows the segments ask for, in one call;
+        split back per segment."""
+        if len(group) == 1 and group[0].logit_rows is None:  # one segment, every row: no row selection
+            return [families.scale_logits(self.family, self.config, self.lm_head(self.norm(hidden)))[0].float()]
         rows, counts = [], []
         for s, inputs in zip(group, plan.segments, strict=True):
             wanted = torch.arange(inputs.row_begin, inputs.row_end, device=hidden.device)
@@ -228,26 +237,13 @@ class DecoderRunner:
             return [None] * len(group)
         all_rows = torch.cat(rows)
         selected = hidden if all_rows.shape[0] == hidden.shape[1] else hidden[:, all_rows]
-        logits = self.lm_head(self.norm(selected))[0].float()  # [sum(counts), vocab]
-        parts = logits.split(counts)
+        logits = families.scale_logits(self.family, self.config, self.lm_head(self.norm(selected)))
+        parts = logits[0].float().split(counts)  # [sum(counts), vocab]
         return [part if count else None for part, count in zip(parts, counts, strict=True)]
 
     def _attention_kernels(self) -> AbstractContextManager[None]:
         """Enables the SDPA kernels of this pass: attention_backends, unless a check pinned its own."""
         return sdpa_kernel(self.attention_backends or attention_backends(self.device))
-
-    def _mask(self, inputs: SegmentInputs, window: int | None) -> torch.Tensor:
-        """The segment's additive mask under `window`: precomputed, or (a causal prefill chunk, slot ==
-        position) made here, per layer, so a long prompt never holds every chunk's mask at once."""
-        if inputs.masks is not None:
-            return inputs.masks[window]
-        num_tokens, start_slot, cache = inputs.row_end - inputs.row_begin, inputs.start_slot, inputs.cache
-        kv_len = start_slot + num_tokens
-        if window is None or kv_len <= window:  # the window does not bind
-            return causal_additive_mask(num_tokens, start_slot, self.dtype, cache.device)
-        allowed = causal_allowed(num_tokens, start_slot, cache.device)
-        positions = cache.positions[:kv_len]
-        return window_masks(allowed, positions[start_slot:], positions, {window}, self.dtype)[window]
 
     def attention_accepts(self, backend: SDPBackend, cache: KVCache, num_tokens: int) -> bool:
         """Whether `backend` alone runs this model's attention over `num_tokens` new tokens after the
@@ -263,26 +259,3 @@ class DecoderRunner:
         except RuntimeError:
             return False
         return True
-
-    def _layer(self, layer: nn.Module, idx: int, hidden: torch.Tensor, plan: GroupInputs) -> torch.Tensor:
-        attn_in = layer.input_layernorm(hidden)
-        hidden = hidden + self._attention(layer.self_attn, idx, attn_in, plan)
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-
-    def _attention(self, attn: nn.Module, idx: int, hidden: torch.Tensor, plan: GroupInputs) -> torch.Tensor:
-        """hidden: [1, rows, hidden] of every segment in the group; each attends over its own cache."""
-        num_rows = hidden.shape[1]
-        query = attn.q_proj(hidden).view(num_rows, self.num_heads, self.head_dim).transpose(0, 1)
-        key = attn.k_proj(hidden).view(num_rows, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        value = attn.v_proj(hidden).view(num_rows, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        query = query * plan.cos + rotate_half(query) * plan.sin  # [heads, rows, head_dim]
-        key = key * plan.cos + rotate_half(key) * plan.sin  # [kv_heads, rows, head_dim]
-        outs = []
-        for s in plan.segments:
-            rows = slice(s.row_begin, s.row_end)
-            s.cache.write(idx, s.start_slot, key[:, rows], value[:, rows])
-            keys, values = s.cache.view(idx, s.start_slot + s.row_end - s.row_begin)  # [kv_heads, kv_len, head_dim]
-            mask = self._mask(s, self.windows[idx])
-            outs.append(attend(query[:, rows], keys, values, mask, attn.scaling))  # [n, heads, head_dim]
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [rows, heads, head_dim]
-        return attn.o_proj(out.reshape(1, num_rows, self.num_heads * self.head_dim))

@@ -125,6 +125,28 @@ def rebuild_rotary(model: nn.Module, device: torch.device) -> None:
     base.rotary_emb = type(base.rotary_emb)(config=model.config).to(device)
 
 
+def rebuild_constants(model: nn.Module, skip: list[nn.Module], device: torch.device) -> None:
+    """Non-persistent buffers outside the streamed layers other than rotary tables (Gemma 3's embedding
+    scale) are in no checkpoint: allocate them on `device` and let the model's own `_init_weights` fill
+    them, as transformers' from_pretrained does after its meta-device load. Every tensor already read is
+    flagged `_is_hf_initialized` first, so transformers' init functions leave it as read (5.17-5.24)."""
+    skipped = {id(m) for layer in skip for m in layer.modules()}
+    owners, fresh = [], set()
+    for module in model.modules():
+        if id(module) in skipped:
+            continue
+        for name in module._non_persistent_buffers_set:
+            if module._buffers.get(name) is not None and module._buffers[name].is_meta:
+                module._buffers[name] = torch.empty_like(module._buffers[name], device=device)
+                fresh.add(id(module._buffers[name]))
+                owners.append(module)
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) not in fresh:
+            tensor._is_hf_initialized = True
+    for module in dict.fromkeys(owners):  # each once, in order
+        model._init_weights(module)
+
+
 def check_no_meta(model: nn.Module, skip: list[nn.Module]) -> None:
     """Raise CheckpointError if a tensor outside `skip` is still on the meta device (one no checkpoint holds)."""
     skipped = {id(m) for layer in skip for m in layer.modules()}
@@ -154,6 +176,7 @@ def load_offloaded_target(config: EngineConfig, dtype: torch.dtype, device: torc
     try:
         materialize(model, list(streamed.values()), reader, device)
         rebuild_rotary(model, device)
+        rebuild_constants(model, list(streamed.values()), device)
         check_no_meta(model, list(streamed.values()))
         if not streamed:
             return model, None

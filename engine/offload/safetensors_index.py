@@ -29,10 +29,15 @@ DTYPES = {
     "BOOL": torch.bool,
 }
 
-# transformers fuses per-expert MoE weights on load (Mixtral): fused name -> per-expert parts, in
-# the order they are concatenated along dim 1 of the fused [num_experts, ...] tensor.
-FUSED_EXPERTS = {"experts.gate_up_proj": ("w1", "w3"), "experts.down_proj": ("w2",)}
-RENAMES = ((".mlp.", ".block_sparse_moe."),)  # (loaded name, checkpoint name)
+# transformers fuses per-expert MoE weights on load: fused name -> the per-expert parts of each family's
+# checkpoints (Mixtral's w1/w3/w2, Qwen3-MoE's gate/up/down projections), in the order they are
+# concatenated along dim 1 of the fused [num_experts, ...] tensor. GPT-OSS checkpoints hold the fused
+# tensors themselves.
+FUSED_EXPERTS = {
+    "experts.gate_up_proj": (("w1", "w3"), ("gate_proj", "up_proj")),
+    "experts.down_proj": (("w2",), ("down_proj",)),
+}
+RENAMES = ((".mlp.", ".block_sparse_moe."),)  # (loaded name, checkpoint name): Mixtral
 
 
 @dataclass(frozen=True)
@@ -110,11 +115,23 @@ def plan_pieces(
     if loc is not None:
         return [_piece(loc, numel, dtype, dst_offset, name)]
     prefix, _, fused = name.rpartition(".experts.")
-    parts = FUSED_EXPERTS.get(f"experts.{fused}")
-    if parts is None or len(shape) != 3:
+    options = FUSED_EXPERTS.get(f"experts.{fused}")
+    if options is None or len(shape) != 3:
         raise ValueError(f"no checkpoint tensor for {name}")
+    for parts in options:
+        if _lookup(index, f"{prefix}.experts.0.{parts[0]}.weight") is not None:
+            return _expert_pieces(index, name, prefix, parts, shape, dtype, dst_offset)
+    looked = " or ".join(f"{prefix}.experts.0.{parts[0]}.weight" for parts in options)
+    raise ValueError(f"no checkpoint tensor for {name} (looked for {looked})")
+
+
+def _expert_pieces(
+    index: dict[str, TensorLocation], name: str, prefix: str, parts: tuple[str, ...],
+    shape: tuple[int, ...], dtype: torch.dtype, dst_offset: int,
+) -> list[ReadPiece]:
+    """Pieces filling the fused [num_experts, ...] tensor `name` from each expert's `parts`."""
     num_experts = shape[0]
-    part_numel = numel // num_experts // len(parts)  # each part: [shape[1] / len(parts), shape[2]]
+    part_numel = math.prod(shape) // num_experts // len(parts)  # each part: [shape[1] / len(parts), shape[2]]
     pieces = []
     for expert in range(num_experts):
         for j, part in enumerate(parts):

@@ -10,14 +10,9 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (
-    AutoModelForCausalLM,
-    LlamaConfig,
-    MistralConfig,
-    MixtralConfig,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-)
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from tests.helpers.family_configs import family_config
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
@@ -76,15 +71,7 @@ def tiny_config(
         pad_token_id=2,
         tie_word_embeddings=False,
     )
-    if arch == "llama":
-        return LlamaConfig(**common)
-    if arch == "mistral":
-        return MistralConfig(**common, sliding_window=4096)
-    if arch == "qwen2":
-        return Qwen2Config(**common)
-    if arch == "mixtral":
-        return MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
-    raise ValueError(arch)
+    return family_config(arch, common)
 
 
 def build_model(arch: str, vocab_size: int, seed: int, **kwargs) -> torch.nn.Module:
@@ -105,18 +92,23 @@ def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Modu
     return copy
 
 
-def save_checkpoint(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, folder: Path) -> Path:
+def save_checkpoint(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, folder: Path, max_shard_size: str | None = None
+) -> Path:
+    """max_shard_size: sharded safetensors with an index, as hub checkpoints are (None: one file)."""
     folder.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     tokenizer.save_pretrained(folder)
     return folder
 
 
 def make_tiny_pair(
-    folder: Path, arch: str = "llama", draft: str = "random", seed: int = 0, **kwargs
+    folder: Path, arch: str = "llama", draft: str = "random", seed: int = 0, max_shard_size: str | None = None,
+    **kwargs,
 ) -> tuple[Path, Path]:
-    """Write target/ and draft/ checkpoints; draft is 'random', 'same' or 'noisy'."""
+    """Write target/ and draft/ checkpoints; draft is 'random', 'same' or 'noisy' (a noisy copy: a draft
+    of the target's family). max_shard_size: save sharded, with an index, as the hub does."""
     tokenizer = build_tokenizer()
     vocab_size = len(tokenizer)
     target = build_model(arch, vocab_size, seed, eos_token_id=tokenizer.eos_token_id, **kwargs)
@@ -127,6 +119,6 @@ def make_tiny_pair(
     else:
         draft_model = build_model("llama", vocab_size, seed + 1, eos_token_id=tokenizer.eos_token_id, hidden=32)
     return (
-        save_checkpoint(target, tokenizer, Path(folder) / "target"),
-        save_checkpoint(draft_model, tokenizer, Path(folder) / "draft"),
+        save_checkpoint(target, tokenizer, Path(folder) / "target", max_shard_size),
+        save_checkpoint(draft_model, tokenizer, Path(folder) / "draft", max_shard_size),
     )

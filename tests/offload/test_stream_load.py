@@ -1,8 +1,8 @@
 """Offloaded targets load tensor by tensor, after a host-memory check made from the checkpoint's headers.
 
-- The streaming load (engine.offload.loader) gives transformers' own weights bit for bit: every
-  family, a bf16 sharded checkpoint loaded as fp32 and fp16, Mixtral's experts fused, tied embeddings,
-  RAM and disk sources.
+- The streaming load (engine.offload.loader) gives transformers' own weights bit for bit: the dense
+  and MoE families, a bf16 sharded checkpoint loaded as fp32 and fp16, Mixtral's and Qwen3-MoE's experts
+  fused, Gemma's embedding scale rebuilt, tied embeddings, RAM and disk sources.
 - The header arithmetic (engine.model.host_plan) counts the bytes the loaded layers really have.
 - With too little host memory (a faked figure) the load is refused in one line before any weights
   load, and in a child process its resident set never grew past the figure; the disk source, which
@@ -30,7 +30,8 @@ from engine.types import CheckpointError, OffloadError
 from tests.helpers.offload_passes import CPU, assert_same_logits, run_passes
 from tests.helpers.tiny_models import build_model
 
-ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
+ARCHS = ["llama", "mistral", "qwen2", "mixtral", "qwen3_moe", "gemma3", "gpt_oss", "phi3"]  # fused experts
+# per family, Gemma's embedding scale (a non-persistent buffer), sinks and biases, fused qkv
 NUM_LAYERS = 3
 GB = 10**9
 

@@ -55,7 +55,8 @@ def exact_distribution(target_dir: str, params: SamplingParams) -> dict[tuple[in
 def engine_for(pair: tuple[str, str], method: str, budget: int, max_running: int = 1) -> Engine:
     return Engine.load(EngineConfig(
         model=ModelConfig(target=pair[0], draft=pair[1]),
-        speculation=SpeculationConfig(method=method, budget=budget, specinfer_temperature=3.0 if method == "specexec" else 0.0),
+        # method specexec: SpecExec trees at every temperature (no switch to SpecInfer trees for hot requests)
+        speculation=SpeculationConfig(method=method, budget=budget, specinfer_temperature=3.0),
         limits=LimitsConfig(max_context=64, max_running=max_running),
     ))
 

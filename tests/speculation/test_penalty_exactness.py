@@ -128,11 +128,24 @@ def save_pair(target, draft, tokenizer, folder: Path) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def small_vocab_pair(tmp_path_factory) -> tuple[str, str]:
-    """An 8-token pair (so K tokens have 8^K outcomes to enumerate), with flat-ish logits."""
-    target = build_model("llama", 8, seed=5, init_range=0.3)
-    draft = build_model("llama", 8, seed=6, init_range=0.3, hidden=32)
-    return save_pair(target, draft, build_tokenizer(), tmp_path_factory.mktemp("small-vocab"))
+def small_vocab_pairs(tmp_path_factory):
+    """family -> an 8-token pair of that family (so K tokens have 8^K outcomes to enumerate), with
+    flat-ish logits; the draft is a smaller model of the same family."""
+    cache: dict[str, tuple[str, str]] = {}
+
+    def get(family: str) -> tuple[str, str]:
+        if family not in cache:
+            target = build_model(family, 8, seed=5, init_range=0.3)
+            draft = build_model(family, 8, seed=6, init_range=0.3, hidden=32)
+            cache[family] = save_pair(target, draft, build_tokenizer(), tmp_path_factory.mktemp(f"small-vocab-{family}"))
+        return cache[family]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(small_vocab_pairs) -> tuple[str, str]:
+    return small_vocab_pairs("llama")
 
 
 @torch.no_grad()
@@ -149,11 +162,19 @@ def reference_distribution(model, prompt: list[int], params: SamplingParams) -> 
     return probs
 
 
+SAMPLED_CASES = [  # (family, method, budget): every method on Llama; today's families (q/k norms, sliding
+    # windows, soft-capping, sinks) with SpecExec trees, and GPT-OSS with RRS's sampled trees too (~45 s each)
+    *[("llama", method, budget) for method, budget in (("specexec", 1), ("specexec", 4), ("specinfer", 4), ("rrs", 4),
+                                                      ("rrs", 16))],
+    ("qwen3", "specexec", 4), ("gemma3", "specexec", 4), ("gpt_oss", "specexec", 4), ("gpt_oss", "rrs", 16),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("method", "budget"), [("specexec", 1), ("specexec", 4), ("specinfer", 4), ("rrs", 4), ("rrs", 16)])
-def test_sampled_with_penalties_follows_the_reference(small_vocab_pair, method, budget):
+@pytest.mark.parametrize(("family", "method", "budget"), SAMPLED_CASES)
+def test_sampled_with_penalties_follows_the_reference(small_vocab_pairs, family, method, budget):
     """Every step after the first has a generated root: a root counted twice shifts the K-token law."""
-    target_dir, draft_dir = small_vocab_pair
+    target_dir, draft_dir = small_vocab_pairs(family)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     engine = Engine.load(EngineConfig(
         model=ModelConfig(target=target_dir, draft=draft_dir),
@@ -168,7 +189,7 @@ def test_sampled_with_penalties_follows_the_reference(small_vocab_pair, method, 
         samples.append(tuple(engine.generate_ids(prompt, params)))
     p_first = chi_square_p([s[:1] for s in samples], marginal(exact, 1))
     p_seq = chi_square_p(samples, exact)
-    print(f"{method} budget={budget}: p(first token)={p_first:.3g} p({SAMPLED_LEN} tokens)={p_seq:.3g}")
+    print(f"{family} {method} budget={budget}: p(first token)={p_first:.3g} p({SAMPLED_LEN} tokens)={p_seq:.3g}")
     assert p_first > 1e-3
     assert p_seq > 1e-3
 

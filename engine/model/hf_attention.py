@@ -1,0 +1,137 @@
+"""The engine's attention inside transformers' own decoder layers (as vLLM's Transformers backend does).
+
+    with engine_attention(model.config):  # the model's attention modules call `attend_layer` below
+        hidden = layer(hidden, position_embeddings=..., specexec_group=group, specexec_layer=idx)
+
+A layer's attention module computes its query, key and value (projections, q/k norms, rotary: the
+family's own code), then calls the attention function that `config._attn_implementation` names; the
+engine registers ENGINE_ATTENTION with transformers' AttentionInterface and names it for the length of
+a pass. The function gets the layer's kwargs (`specexec_group`, `specexec_layer`, passed through the
+layer's **kwargs) and the module's `scaling`, `sliding_window`, `softcap` and `s_aux` (GPT-OSS's sinks):
+it writes each segment's keys and values to that segment's cache slots and attends over its own slots
+under the segment's tree, causal or window mask. Nothing in it reads a tensor on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+
+from engine.model.attention import attend, attend_eager, causal_additive_mask, causal_allowed, window_masks
+from engine.model.kv_cache import KVCache
+
+ENGINE_ATTENTION = "specexec"
+
+
+@dataclass
+class SegmentInputs:
+    cache: KVCache
+    start_slot: int
+    row_begin: int  # the segment's rows in its group's [1, rows, hidden] block
+    row_end: int
+    allowed: torch.Tensor | None  # [n, start_slot + n] bool; None: causal prefill (slot == position)
+    position_ids: torch.Tensor  # [n]
+    masks: dict[int | None, torch.Tensor]  # sliding window -> additive mask [1, 1, n, kv_len], built once per pass
+
+
+@dataclass
+class GroupInputs:
+    """What every layer of one pass shares for one group of segments."""
+
+    position_ids: torch.Tensor  # [1, rows]
+    rotary: dict[str | None, tuple[torch.Tensor, torch.Tensor]]  # rotary key -> (cos, sin), each [1, rows, dim]
+    segments: list[SegmentInputs]
+    dtype: torch.dtype  # of the additive masks
+
+
+def segment_mask(inputs: SegmentInputs, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """The segment's additive mask under `window` ([1, 1, n, kv_len]), made on first use in a pass. A causal
+    prefill chunk's full mask is made per layer instead (a long prompt never holds every chunk's masks)."""
+    mask = inputs.masks.get(window)
+    if mask is not None:
+        return mask
+    num_tokens, start_slot, cache = inputs.row_end - inputs.row_begin, inputs.start_slot, inputs.cache
+    kv_len = start_slot + num_tokens
+    positions = cache.positions[:kv_len]
+    if inputs.allowed is None:
+        if window is None or kv_len <= window:  # the window does not bind
+            return causal_additive_mask(num_tokens, start_slot, dtype, cache.device)
+        allowed = causal_allowed(num_tokens, start_slot, cache.device)
+        return window_masks(allowed, positions[start_slot:], positions, {window}, dtype)[window]
+    mask = window_masks(inputs.allowed, inputs.position_ids, positions, {window}, dtype)[window]
+    inputs.masks[window] = mask
+    return mask
+
+
+def attend_layer(
+    group: GroupInputs,
+    layer_idx: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+    window: int | None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """query [heads, rows, head_dim]; key, value [kv_heads, rows, head_dim] of every segment in the group.
+    Each segment writes its rows to its cache at layer `layer_idx` and attends over its slots
+    [0, start_slot + n). Returns [rows, heads, head_dim]."""
+    outs = []
+    for s in group.segments:
+        rows = slice(s.row_begin, s.row_end)
+        s.cache.write(layer_idx, s.start_slot, key[:, rows], value[:, rows])
+        keys, values = s.cache.view(layer_idx, s.start_slot + s.row_end - s.row_begin)  # [kv_heads, kv_len, head_dim]
+        mask = segment_mask(s, window, group.dtype)
+        if softcap is None and sinks is None:
+            outs.append(attend(query[:, rows], keys, values, mask, scaling))  # [n, heads, head_dim]
+        else:
+            outs.append(attend_eager(query[:, rows], keys, values, mask, scaling, softcap, sinks))
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def engine_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    specexec_group: GroupInputs | None = None,
+    specexec_layer: int | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface. query [1, heads, rows, head_dim], key and value [1, kv_heads,
+    rows, head_dim]: post-norm, post-rotary. attention_mask is transformers' (None here: the engine's
+    masks are per segment). Returns ([1, rows, heads, head_dim], no weights)."""
+    if specexec_group is None or specexec_layer is None:
+        raise RuntimeError(f"{ENGINE_ATTENTION} attention runs only inside the engine's pass (DecoderRunner)")
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    out = attend_layer(specexec_group, specexec_layer, query[0], key[0], value[0], scale, sliding_window, softcap, s_aux)
+    return out[None], None
+
+
+AttentionInterface.register(ENGINE_ATTENTION, engine_attention_forward)
+
+
+@contextmanager
+def engine_attention(config) -> Iterator[None]:
+    """The model's attention modules call the engine's attention while inside: the config's
+    `_attn_implementation`, which they read at every call, names it; restored after, so the same model's
+    own forward runs as loaded (tests compare against it). Set on the field behind the property
+    (`_attn_implementation_internal`, transformers 5.17-5.24), not through the property's setter, which
+    validates and recurses into sub-configs: ~30 us a pass on the CPU (a text model has none)."""
+    previous = config._attn_implementation_internal
+    object.__setattr__(config, "_attn_implementation_internal", ENGINE_ATTENTION)
+    try:
+        yield
+    finally:
+        object.__setattr__(config, "_attn_implementation_internal", previous)
