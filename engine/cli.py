@@ -141,7 +141,7 @@ def parse_budget(value: str) -> int | str:
     try:
         return int(value)
     except ValueError:
-        raise ConfigError("speculation.budget", f"must be an integer >= 1 or 'auto', got {value!r}") from None
+        raise ConfigError("--budget", f"must be an integer >= 1 or 'auto', got {value!r}") from None
 
 
 def engine_config_from_args(args: argparse.Namespace, require_folders: bool = True) -> tuple[EngineConfig, dict]:
@@ -149,10 +149,12 @@ def engine_config_from_args(args: argparse.Namespace, require_folders: bool = Tr
     the model folders must exist (`specexec plan` needs only their shapes)."""
     sections = read_config_file(args.config) if args.config else {}
     overrides: dict[str, dict] = {}
+    flags: dict[str, dict[str, str]] = {}  # section -> field -> the flag that set it (errors name it)
     for flag, (section, field, _kind, _meaning) in ENGINE_FLAGS.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             overrides.setdefault(section, {})[field] = parse_budget(value) if field == "budget" else value
+            flags.setdefault(section, {})[field] = flag
     if args.offload:
         overrides.setdefault("offload", {})["enabled"] = True
     if args.allow_long_context:
@@ -169,7 +171,7 @@ def engine_config_from_args(args: argparse.Namespace, require_folders: bool = Tr
         draft = draft_by_default(model["target"], model.get("draft", ""), method)
         if draft != model.get("draft", ""):
             overrides.setdefault("model", {})["draft"] = draft
-    config = engine_config_from(sections, overrides, args.config)
+    config = engine_config_from(sections, overrides, args.config, flags)
     if require_folders:
         config = resolve_models(config)
     return config, sections.get("server", {})

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engine.cli import add_engine_arguments, engine_config_from_args
 from engine.config import SELF_DRAFT, EngineConfig, engine_config_from, read_config_file
-from engine.model import config_shapes, self_draft_fit
+from engine.model import config_shapes, host_plan, plan_estimate, self_draft_fit
 from engine.model.pair_plan import CUDA_CONTEXT_BYTES, GB, PairPlan, alternatives, load_dtype, plan_pair
 
 
@@ -34,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of one plan, a markdown table of these config files' pairs and, where they do "
                              "not fit, the changes that fit (the README's 24 GB table); an entry that is no file is "
                              "a model of configs/shapes/models.toml, streamed (--offload) with its draft there")
+    parser.add_argument("--link-gbps", type=float, default=None, metavar="GB/s",
+                        help="for the speed estimate: GB/s the streamed layers arrive at (default, assumed: 25 from "
+                             "RAM, PCIe 4.0 x16; 3.5 from disk, an NVMe SSD)")
+    parser.add_argument("--tokens-per-pass", type=float, default=None, metavar="N",
+                        help="for the speed estimate: tokens per target pass (default, assumed: the SpecExec paper's "
+                             "70B targets with 7B drafts, 13.5 at budget 256 and about 20 at 2048)")
 
 
 def slots(result: PairPlan) -> str:
@@ -62,6 +68,16 @@ def print_plan(result: PairPlan, total_bytes: int) -> None:
     print(f"| total | {result.plan.total / GB:.2f} | of {(total_bytes - CUDA_CONTEXT_BYTES) / GB:.2f} GB |\n")
 
 
+def print_estimates(result: PairPlan, link_gbps: float | None, tokens_per_pass: float | None) -> None:
+    """The host RAM the plan needs and its tokens/s estimate (engine.model.plan_estimate)."""
+    need, items = plan_estimate.host_ram(result)
+    print(f"host RAM: {need / GB:.2f} GB at the load's peak, margin included ({host_plan.describe(items)}); the "
+          "server checks it against the available memory before loading")
+    speed = plan_estimate.estimate_speed(result, link_gbps, tokens_per_pass)
+    print(speed.describe() if speed is not None else
+          "speed estimate: none (no layer streams: a pass is compute-bound, which the plan does not know)")
+
+
 def run(args: argparse.Namespace) -> int:
     total = int(args.gpu_memory_total * GB)
     if args.table:
@@ -74,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     config = with_draft(config, total)
     result = plan_pair(config, total)
     print_plan(result, total)
+    print_estimates(result, args.link_gbps, args.tokens_per_pass)
     if result.fits:
         spare = total - CUDA_CONTEXT_BYTES - result.plan.total
         print(f"fits, {spare / GB:.2f} GB to spare")
@@ -169,17 +186,21 @@ def with_auto_draft(config: EngineConfig, total_bytes: int) -> EngineConfig | No
 
 
 def table_row(name: str, flags: str, result: PairPlan) -> str:
+    speed = plan_estimate.estimate_speed(result)
+    estimate = f"{speed.tokens_per_second:.1f} ({speed.tokens_per_pass:.1f} x {1 / speed.pass_seconds:.2f})" if speed else "-"
     return (f"| {name} | {result.config.model.target} | {result.config.model.draft or '-'} | {flags or 'as configured'} "
             f"| {result.resident_layers} / {result.num_layers} | {slots(result)} | {result.plan.total / GB:.2f} "
-            f"| {'yes' if result.fits else 'no'} |")
+            f"| {'yes' if result.fits else 'no'} | {plan_estimate.host_ram(result)[0] / GB:.0f} | {estimate} |")
 
 
 def print_table(paths: list[str], total_bytes: int) -> None:
     """A markdown table: each config's (or known model's) pair as configured, and when it does not fit
-    the alternatives."""
+    the alternatives; with the host RAM each needs and its speed estimate at the assumed link and tokens per
+    pass."""
     usable = (total_bytes - CUDA_CONTEXT_BYTES) / GB
-    print(f"| config | target | draft | changed | resident layers | KV slots | GB (of {usable:g}) | fits |")
-    print("|---|---|---|---|--:|---|--:|---|")
+    print(f"| config | target | draft | changed | resident layers | KV slots | GB (of {usable:g}) | fits | host RAM GB "
+          "| est. tokens/s (tokens per pass x passes/s) |")
+    print("|---|---|---|---|--:|---|--:|---|--:|--:|")
     for path in paths:
         config, name = table_config(path)
         result = plan_pair(config, total_bytes)

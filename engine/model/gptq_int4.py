@@ -36,6 +36,10 @@ the same model's alone, as with any kernel.
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -112,6 +116,36 @@ def dequantized(nibbles: torch.Tensor, scales_and_zeros: torch.Tensor, group_siz
     return torch.addcmul(zero[..., None], centered, scale[..., None], out=weight).view(n, -1)
 
 
+def dequantized_fused(nibbles: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """`dequantized` written as one expression for torch.compile (one kernel: 0.5 byte read and 2 written
+    per weight); in float32, rounded once, so its result is `dequantized`'s bit for bit."""
+    n = nibbles.shape[0]
+    q = torch.stack((nibbles >> 4, nibbles & 15), dim=-1).view(n, -1, group_size)
+    scale, zero = scales_and_zeros.permute(1, 0, 2).unbind(-1)
+    weight = (q.to(torch.float32) - 8) * scale[..., None].float() + zero[..., None].float()
+    return weight.to(torch.bfloat16).view(n, -1)
+
+
+DEQUANT_MODES = ("eager", "compiled")  # SPECEXEC_INT4_DEQUANT: how CUDA calls of many rows dequantize
+
+
+def dequantize_function(mode: str | None = None) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
+    """`dequantized` (eager: several kernels, ~8.8 ms a 70B layer on an H100) or `dequantized_fused`
+    compiled by torch.compile (one kernel per matrix shape, compiled on its first call), by `mode` or
+    SPECEXEC_INT4_DEQUANT (default eager until measured on a GPU: docs/bench/gpu.md)."""
+    mode = mode or os.environ.get("SPECEXEC_INT4_DEQUANT", "eager")
+    if mode not in DEQUANT_MODES:
+        raise ValueError(f"SPECEXEC_INT4_DEQUANT must be one of {', '.join(DEQUANT_MODES)}, got {mode!r}")
+    return _dequantize_by_mode(mode)
+
+
+@functools.cache
+def _dequantize_by_mode(mode: str) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
+    if mode == "eager":
+        return dequantized
+    return torch.compile(dequantized_fused, dynamic=False, fullgraph=True)
+
+
 class Int4Linear(nn.Module):
     """y = x @ W.T + bias with W in torch's int4 layout (module doc); x: [..., in_features]."""
 
@@ -140,7 +174,7 @@ class Int4Linear(nn.Module):
             tiled = torch.ops.aten._convert_weight_to_int4pack(self.packed, CUDA_INNER_K_TILES)
             out = torch.ops.aten._weight_int4pack_mm(rows, tiled, self.group_size, self.scales_and_zeros)
         else:  # CUDA-only
-            out = rows @ dequantized(self.packed, self.scales_and_zeros, self.group_size).T
+            out = rows @ dequantize_function()(self.packed, self.scales_and_zeros, self.group_size).T
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)

@@ -42,6 +42,7 @@ class PairPlan:
     cache_slots: int  # prefix cache slots after sizing
     sources: tuple[str, ...]  # where each model's shape came from
     refusal: str | None  # the server's one-line refusal, None when it fits
+    weights: tuple[config_shapes.ConfigBytes, config_shapes.ConfigBytes | None]  # target's and draft's bytes
 
     @property
     def fits(self) -> bool:
@@ -121,21 +122,24 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
         kv_slots=config.limits.max_running,
         dequant_scratch_bytes=max((m.largest_matrix * scratch_bytes_per_weight(kernel) for m, kernel in scratch), default=0),
     )
-    return size_slots(config, inputs, total_bytes - CUDA_CONTEXT_BYTES, num_resident, target.num_layers,
+    return size_slots(config, inputs, total_bytes - CUDA_CONTEXT_BYTES, num_resident, (target, draft),
                       (target_source, draft_source))
 
 
 def size_slots(config: EngineConfig, inputs: memory_plan.PlanInputs, device_bytes: int, resident: int,
-               num_layers: int, sources: tuple[str, ...]) -> PairPlan:
+               weights: tuple[config_shapes.ConfigBytes, config_shapes.ConfigBytes | None],
+               sources: tuple[str, ...]) -> PairPlan:
     """Engine.reserve_memory's sizing and check, on `device_bytes` (after the CUDA context)."""
     limits = config.limits
+    num_layers = weights[0].num_layers
     free = device_bytes - sum(inputs.loaded.values())
     if free < 0:  # the load itself runs out of memory: no KV slot is sized
         inputs = dataclasses.replace(inputs, max_running=1, kv_slots=1)
-        weights = memory_plan.MemoryPlan(tuple(memory_plan.PlanItem(n, b, True) for n, b in inputs.loaded.items()))
-        error = memory.weights_do_not_fit(config, f"{weights.describe()}: {memory_plan.gb(weights.total)} for "
+        loaded = memory_plan.MemoryPlan(tuple(memory_plan.PlanItem(n, b, True) for n, b in inputs.loaded.items()))
+        error = memory.weights_do_not_fit(config, f"{loaded.describe()}: {memory_plan.gb(loaded.total)} for "
                                                   f"{memory_plan.gb(device_bytes)}")
-        return PairPlan(config, inputs, memory_plan.plan_memory(inputs), free, resident, num_layers, 1, 0, sources, str(error))
+        return PairPlan(config, inputs, memory_plan.plan_memory(inputs), free, resident, num_layers, 1, 0, sources,
+                        str(error), weights)
     fit = memory_plan.kv_slots_that_fit(inputs, free)
     running = max(1, min(limits.max_running, fit))
     cache_slots = max(0, min(limits.prefix_cache_slots, fit - running))
@@ -146,7 +150,7 @@ def size_slots(config: EngineConfig, inputs: memory_plan.PlanInputs, device_byte
         refusal = None
     except ConfigError as exc:
         refusal = str(exc)
-    return PairPlan(config, sized, plan, free, resident, num_layers, running, cache_slots, sources, refusal)
+    return PairPlan(config, sized, plan, free, resident, num_layers, running, cache_slots, sources, refusal, weights)
 
 
 def most_resident_that_fit(config: EngineConfig, total_bytes: int) -> PairPlan | None:

@@ -59,7 +59,8 @@ def engine_for(pair: tuple[str, str], method: str, budget: int, max_running: int
     offload = OffloadConfig(enabled=True, resident_layers=1) if draft.startswith("self-ram") else OffloadConfig()
     return Engine.load(EngineConfig(
         model=ModelConfig(target=pair[0], draft=pair[1] if draft == "pair" else "self"),
-        speculation=SpeculationConfig(method=method, budget=budget, specinfer_temperature=3.0,  # no switch
+        # method specexec: SpecExec trees at every temperature (no switch to SpecInfer trees for hot requests)
+        speculation=SpeculationConfig(method=method, budget=budget, specinfer_temperature=3.0,
                                       overlap=draft.endswith("overlap")),
         offload=offload,
         limits=LimitsConfig(max_context=64, max_running=max_running),
