@@ -24,9 +24,10 @@ from engine.model import memory, memory_plan, self_draft_quant
 from engine.model.gptq_int4 import Int4Linear
 from engine.model.hf_attention import engine_attention
 from engine.model.pair_plan import plan_pair
+from engine.model.preflight import check_pair
 from engine.runtime import Engine
 from engine.speculation.tree import causal_mask
-from engine.types import ConfigError, SamplingParams
+from engine.types import CheckpointError, ConfigError, SamplingParams
 from specexec.__main__ import main
 from tests.helpers.int4_checkpoints import write_awq
 from tests.helpers.offload_passes import reference_greedy
@@ -184,6 +185,12 @@ def test_refusals(pair, awq, tmp_path):
     moe = make_tiny_pair(tmp_path / "moe", arch="mixtral", seed=4, layers=2)[0]
     with pytest.raises(ConfigError, match="experts in fused tensors"):
         load(str(moe))
+    # serve and generate find the same before loading (engine.model.preflight), and pass a good one
+    with pytest.raises(ConfigError, match="experts in fused tensors"):
+        check_pair(EngineConfig(model=ModelConfig(target=str(moe), draft="self")))
+    with pytest.raises(CheckpointError, match="--self-draft-from .*no such folder"):
+        check_pair(EngineConfig(model=ModelConfig(target=pair[0], draft="self", self_draft_from=str(tmp_path / "no"))))
+    check_pair(EngineConfig(model=ModelConfig(target=pair[0], draft="self", self_draft_from=awq)))
 
 
 def test_specexec_plan_counts_the_copies_and_says_what_is_shared(pair, capsys):
