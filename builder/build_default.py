@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
 
-from builder import fim_corpus, fim_eval, pair_eval
+from builder import fim_corpus, fim_eval, pair_eval, sampling_sweep
 from builder import training as tr
 from builder.corpus import Corpus
 from builder.model_card import earlier_lines, model_card
@@ -54,6 +54,8 @@ DEFAULTS: dict[str, tuple[Any, Any]] = {
     "eval_tokens": (131072, 512),
     "sample_tokens": (80, 8),
     "fim_eval_examples": (fim_eval.NUM_EXAMPLES, 4),
+    "sweep_prompts": (sampling_sweep.NUM_PROMPTS, 4),
+    "sweep_samples": (sampling_sweep.SAMPLES_PER_PROMPT, 1),
 }
 
 
@@ -264,6 +266,11 @@ def run(args: argparse.Namespace) -> int:
     }
     fim_cases = fim_eval.examples(corpus.heldout_texts, s["fim_eval_examples"])
     facts["fim_eval"] = fim_eval.score(target, corpus.tokenizer, fim_cases)
+    temperatures = (1.0,) if s["toy"] else sampling_sweep.TEMPERATURES
+    facts["sampling"] = sampling_sweep.run_sweep(target, corpus.tokenizer, corpus.heldout_texts, s["sweep_prompts"],
+                                                 s["sweep_samples"], temperatures)
+    if facts["sampling"] is not None:  # the sampling defaults `specexec serve` applies (--generation-config auto)
+        sampling_sweep.write_defaults(out / "target", facts["sampling"].chosen.setting)
     facts["tokens_per_pass"] = pair_eval.tokens_per_pass(out)
     facts["seconds"] = time.monotonic() - start
     results = checks(facts, ev)

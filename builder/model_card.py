@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from builder import fim_corpus, fim_eval
+from builder import fim_corpus, fim_eval, sampling_sweep
 from builder import training as tr
 from builder.corpus import Corpus
 from builder.pair_eval import (
@@ -64,6 +64,7 @@ def model_card(
         "",
         *_training_lines(s, facts),
         *_eval_lines(ev, results, facts["tokens_per_pass"], facts["fim_eval"]),
+        *sampling_sweep.card_lines(facts["sampling"]),
         "## Greedy samples (prompt `def fibonacci(n):\\n`)",
         "",
         "Target:",

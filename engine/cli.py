@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.config import EngineConfig, engine_config_from, read_config_file
+from engine.config import SELF_DRAFT, EngineConfig, engine_config_from, read_config_file
 from engine.model.named_models import draft_by_default, resolve_pair
 from engine.types import ConfigError
 
@@ -19,9 +19,13 @@ DEFAULT_MODEL_NAME = "specexec-default"
 ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
     "--target": ("model", "target", str, "target model: a local Hugging Face checkpoint folder or a Hub id (org/name: "
                  "from the hub cache, else downloaded) (default: the built-in pair)"),
-    "--draft": ("model", "draft", str, "draft model: a folder, a Hub id, or auto (a cached or known model with the "
-                "target's token ids that fits beside it; the default for a target given by id); must share the "
-                "target's token ids (default: the built-in pair)"),
+    "--draft": ("model", "draft", str, "draft model: a folder, a Hub id, auto (a cached or known model with the "
+                "target's token ids that fits beside it; the default for a target given by id), or self (the target "
+                "with 4-bit copies of its streamed layers, sharing the rest); must share the target's token ids "
+                "(default: the built-in pair)"),
+    "--self-draft-from": ("model", "self_draft_from", str, "--draft self: a 4-bit checkpoint (GPTQ, AWQ, "
+                          "compressed-tensors) of the target, folder or Hub id, whose layers the draft uses instead "
+                          "of copies quantized at load"),
     "--revision": ("model", "revision", str, "the target's Hub revision: a branch, tag or commit (default: main)"),
     "--draft-revision": ("model", "draft_revision", str, "the draft's Hub revision (default: main)"),
     "--dtype": ("model", "dtype", str, "auto (fp32 on CPU; on CUDA bf16 for a bf16 checkpoint on sm80+, else fp16), "
@@ -137,7 +141,7 @@ def parse_budget(value: str) -> int | str:
     try:
         return int(value)
     except ValueError:
-        raise ConfigError("speculation.budget", f"must be an integer >= 1 or 'auto', got {value!r}") from None
+        raise ConfigError("--budget", f"must be an integer >= 1 or 'auto', got {value!r}") from None
 
 
 def engine_config_from_args(args: argparse.Namespace, require_folders: bool = True) -> tuple[EngineConfig, dict]:
@@ -145,10 +149,12 @@ def engine_config_from_args(args: argparse.Namespace, require_folders: bool = Tr
     the model folders must exist (`specexec plan` needs only their shapes)."""
     sections = read_config_file(args.config) if args.config else {}
     overrides: dict[str, dict] = {}
+    flags: dict[str, dict[str, str]] = {}  # section -> field -> the flag that set it (errors name it)
     for flag, (section, field, _kind, _meaning) in ENGINE_FLAGS.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             overrides.setdefault(section, {})[field] = parse_budget(value) if field == "budget" else value
+            flags.setdefault(section, {})[field] = flag
     if args.offload:
         overrides.setdefault("offload", {})["enabled"] = True
     if args.allow_long_context:
@@ -165,7 +171,7 @@ def engine_config_from_args(args: argparse.Namespace, require_folders: bool = Tr
         draft = draft_by_default(model["target"], model.get("draft", ""), method)
         if draft != model.get("draft", ""):
             overrides.setdefault("model", {})["draft"] = draft
-    config = engine_config_from(sections, overrides, args.config)
+    config = engine_config_from(sections, overrides, args.config, flags)
     if require_folders:
         config = resolve_models(config)
     return config, sections.get("server", {})
@@ -178,14 +184,17 @@ def resolve_models(config: EngineConfig) -> EngineConfig:
 
 
 def check_paths(config: EngineConfig) -> None:
-    for role in ("target", "draft"):
+    for role in ("target", "draft", "self_draft_from"):
         path = getattr(config.model, role)
+        if role == "draft" and path == SELF_DRAFT:
+            continue
         if path and not Path(path).is_dir():
             if role == "draft" and config.speculation.method == "autoregressive":
                 continue
+            flag = "--" + role.replace("_", "-")
             raise CliError(
-                f"--{role} {path}: no such model folder. The server never downloads weights: fetch them first "
-                f"(e.g. `hf download <repo id> --local-dir <folder>`) and point --{role} or model.{role} at the folder"
+                f"{flag} {path}: no such model folder. The server never downloads weights: fetch them first "
+                f"(e.g. `hf download <repo id> --local-dir <folder>`) and point {flag} or model.{role} at the folder"
             )
 
 

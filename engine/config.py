@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from engine.types import ConfigError, SpeculationMethod
 Method = SpeculationMethod
 EXTENSION_FACTOR = 2  # overlap: a tree grows on during its pass to this many times its budget
 OffloadSource = Literal["ram", "disk"]
+SELF_DRAFT = "self"  # model.draft: the target's own layers, 4-bit (engine.model.self_draft)
 
 
 def require(cond: bool, field_name: str, message: str) -> None:
@@ -29,7 +31,12 @@ def require(cond: bool, field_name: str, message: str) -> None:
 @dataclass(frozen=True)
 class ModelConfig:
     target: str = ""  # a local checkpoint folder or a Hugging Face Hub id (engine.model.hub)
-    draft: str = ""  # the same, or "auto": chosen from the hub cache and known shapes (engine.model.draft_auto)
+    # the same, "auto": chosen from the hub cache and known shapes (engine.model.draft_auto), or "self": the
+    # target with 4-bit copies of its (streamed) decoder layers, sharing the rest (engine.model.self_draft)
+    draft: str = ""
+    # draft "self": a 4-bit checkpoint of the target (GPTQ, AWQ, compressed-tensors; folder or hub id) whose
+    # decoder layers the self-draft uses instead of copies quantized at load; "": quantized at load
+    self_draft_from: str = ""
     revision: str = ""  # the target's hub revision (branch, tag or commit); "": main
     draft_revision: str = ""  # the draft's
     dtype: str = "auto"  # auto: float32 on CPU; CUDA: a bf16 checkpoint's bfloat16 on sm80+, else float16
@@ -48,13 +55,15 @@ class ModelConfig:
             f"must be auto, float32, float16 or bfloat16, got {self.dtype!r}",
         )
         require(
-            self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+            isinstance(self.device, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
             "model.device",
             f"must be auto, cpu or cuda[:N], got {self.device!r}",
         )
         require(self.threads >= 0, "model.threads", f"must be >= 0 (0: auto), got {self.threads!r}")
         require(self.gptq_kernel in ("auto", "int4", "dequantize"), "model.gptq_kernel",
                 f"must be auto, int4 or dequantize, got {self.gptq_kernel!r}")
+        require(not self.self_draft_from or self.draft == SELF_DRAFT, "model.self_draft_from",
+                f"needs draft = {SELF_DRAFT!r} (--draft self), got draft {self.draft!r}")
 
 
 @dataclass(frozen=True)
@@ -221,20 +230,43 @@ def _fits(value: object, hint: object) -> bool:
     return isinstance(value, origin or hint)
 
 
-def build_section(cls: type, values: dict, section: str, source: str | None = None):
-    """Construct dataclass `cls` from a dict, with errors naming the file and the field."""
+def describe_type(hint: object) -> str:
+    """A field's type in words, as a config file or a flag spells its values ("one of 'ram', 'disk'",
+    "an integer or 'auto'"), never a Python name ("must be Method")."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        shown = [repr(arg) for arg in args]
+        return shown[0] if len(shown) == 1 else f"one of {', '.join(shown[:-1])} or {shown[-1]}"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(describe_type(arg) for arg in args if arg is not type(None))
+    if origin is tuple:
+        return f"a list of {describe_type(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    return words.get(hint, getattr(hint, "__name__", str(hint)))  # type: ignore[call-overload]
+
+
+def build_section(cls: type, values: dict, section: str, source: str | None = None,
+                  flags: dict[str, str] | None = None):
+    """Construct dataclass `cls` from a dict, with errors naming the file and the field; a value that came
+    from a command-line flag (`flags`: field -> flag) is named by its flag instead."""
+    flags = flags or {}
+
+    def error(key: str, message: str) -> ConfigError:
+        if key in flags:
+            return ConfigError(flags[key], message)
+        return ConfigError(f"{section}.{key}", message, source)
+
     names = {f.name for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for key, value in values.items():
         if key not in names:
-            raise ConfigError(f"{section}.{key}", f"unknown field (known: {', '.join(sorted(names))})", source)
+            raise error(key, f"unknown field (known: {', '.join(sorted(names))})")
         if not _fits(value, hints[key]):
-            expected = cls.__annotations__[key]
-            raise ConfigError(f"{section}.{key}", f"must be {expected}, got {value!r}", source)
+            raise error(key, f"must be {describe_type(hints[key])}, got {value!r}")
     try:
         return cls(**values)
     except ConfigError as exc:
-        raise ConfigError(exc.field, str(exc).split(": ", 1)[-1], source) from None
+        raise error(exc.field.split(".", 1)[-1], str(exc).split(": ", 1)[-1]) from None
     except TypeError as exc:
         raise ConfigError(section, str(exc), source) from None
 
@@ -265,7 +297,7 @@ def read_config_file(path: str) -> dict[str, dict]:
     return data
 
 
-PATH_FIELDS = {"model": ("target", "draft"), "server": ("chat_template",)}
+PATH_FIELDS = {"model": ("target", "draft", "self_draft_from"), "server": ("chat_template",)}
 
 
 def resolve_relative_paths(data: dict[str, dict], config_dir: Path) -> None:
@@ -287,12 +319,14 @@ def resolve_relative_paths(data: dict[str, dict], config_dir: Path) -> None:
 
 
 def engine_config_from(
-    sections: dict[str, dict], overrides: dict[str, dict] | None = None, source: str | None = None
+    sections: dict[str, dict], overrides: dict[str, dict] | None = None, source: str | None = None,
+    flags: dict[str, dict[str, str]] | None = None,
 ) -> EngineConfig:
-    """Build EngineConfig from file sections, then explicit overrides (CLI flags) on top."""
+    """Build EngineConfig from file sections, then explicit overrides (CLI flags) on top. flags: section ->
+    field -> the flag that gave an override (errors name the flag)."""
     built = {}
     for name, cls in SECTIONS.items():
         values = dict(sections.get(name, {}))
         values.update((overrides or {}).get(name, {}))
-        built[name] = build_section(cls, values, name, source)
+        built[name] = build_section(cls, values, name, source, (flags or {}).get(name))
     return EngineConfig(**built)

@@ -3,6 +3,7 @@
     specexec plan --config configs/llama3.1-70b-instruct.toml --gpu-memory-total 24
     specexec plan --gpu-memory-total 24 --table configs/*.toml  # the README's "What fits a 24 GB card"
     specexec plan --gpu-memory-total 24 --table Qwen/Qwen3-32B openai/gpt-oss-20b  # known models, streamed
+    specexec plan --gpu-memory-total 24 --self-draft-table  # where --draft self fits, for the known targets
 
 The arithmetic is engine.model.pair_plan (the server's startup plan from config.json shapes); this
 prints it: each item, the total, the KV slots, and when the pair does not fit the server's refusal
@@ -15,8 +16,8 @@ import argparse
 from pathlib import Path
 
 from engine.cli import add_engine_arguments, engine_config_from_args
-from engine.config import EngineConfig, engine_config_from, read_config_file
-from engine.model import config_shapes, memory_plan
+from engine.config import SELF_DRAFT, EngineConfig, engine_config_from, read_config_file
+from engine.model import config_shapes, host_plan, memory_plan, plan_estimate, self_draft_fit
 from engine.model.pair_plan import CUDA_CONTEXT_BYTES, GB, PairPlan, alternatives, load_dtype, plan_pair
 
 MB = 10**6
@@ -27,10 +28,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-total", type=float, required=True, metavar="GB",
                         help="the GPU's memory in GB (10^9 bytes; a '24 GB' card has 24 GiB = 25.8 GB, less what "
                              "the desktop uses)")
+    parser.add_argument("--self-draft-table", nargs="*", metavar="MODEL", default=None,
+                        help="instead of one plan, a markdown table of where --draft self fits this GPU: for each "
+                             "model (default: the models of configs/shapes/models.toml too large for the GPU) the largest budget and "
+                             "context, the resident layers and the flags")
     parser.add_argument("--table", nargs="+", metavar="CONFIG", default=None,
                         help="instead of one plan, a markdown table of these config files' pairs and, where they do "
                              "not fit, the changes that fit (the README's 24 GB table); an entry that is no file is "
                              "a model of configs/shapes/models.toml, streamed (--offload) with its draft there")
+    parser.add_argument("--link-gbps", type=float, default=None, metavar="GB/s",
+                        help="for the speed estimate: GB/s the streamed layers arrive at (default, assumed: 25 from "
+                             "RAM, PCIe 4.0 x16; 3.5 from disk, an NVMe SSD)")
+    parser.add_argument("--tokens-per-pass", type=float, default=None, metavar="N",
+                        help="for the speed estimate: tokens per target pass (default, assumed: the SpecExec paper's "
+                             "70B targets with 7B drafts, 13.5 at budget 256 and about 20 at 2048)")
 
 
 def slots(result: PairPlan) -> str:
@@ -42,6 +53,11 @@ def print_plan(result: PairPlan, total_bytes: int) -> None:
     print(f"target {config.model.target} ({result.sources[0]})")
     if inputs.draft is not None:
         print(f"draft  {config.model.draft} ({result.sources[1]})")
+    if config.model.draft == SELF_DRAFT and inputs.draft is not None:
+        copies = result.num_layers - result.resident_layers or result.num_layers
+        print(f"self-draft: 4-bit copies of {copies} layers ({inputs.loaded['draft weights'] / GB:.2f} GB, 'draft "
+              f"weights'); shared with the target, counted once under it: the embeddings, final norm, head, "
+              f"rotary tables and {result.num_layers - copies} resident layers; KV caches of the target's shape")
     print(f"device: a {total_bytes / GB:.2f} GB CUDA GPU less {CUDA_CONTEXT_BYTES / GB:.2f} GB for the CUDA context "
           f"(estimate); {load_dtype(config, config_shapes.read_model_config(config.model.target)[0])}, budget "
           f"{inputs.budget}, max context {inputs.max_context}; {result.resident_layers} of {result.num_layers} "
@@ -68,18 +84,33 @@ def node_state(shape: memory_plan.ModelShape) -> str:
             f"{full / MB:.0f} MB), {committed / MB:.1f} MB a sequence's committed state")
 
 
+def print_estimates(result: PairPlan, link_gbps: float | None, tokens_per_pass: float | None) -> None:
+    """The host RAM the plan needs and its tokens/s estimate (engine.model.plan_estimate)."""
+    need, items = plan_estimate.host_ram(result)
+    print(f"host RAM: {need / GB:.2f} GB at the load's peak, margin included ({host_plan.describe(items)}); the "
+          "server checks it against the available memory before loading")
+    speed = plan_estimate.estimate_speed(result, link_gbps, tokens_per_pass)
+    print(speed.describe() if speed is not None else
+          "speed estimate: none (no layer streams: a pass is compute-bound, which the plan does not know)")
+
+
 def run(args: argparse.Namespace) -> int:
     total = int(args.gpu_memory_total * GB)
     if args.table:
         print_table(args.table, total)
         return 0
+    if args.self_draft_table is not None:
+        self_draft_fit.print_table(args.self_draft_table or self_draft_targets(total), total)
+        return 0
     config, _ = engine_config_from_args(args, require_folders=False)
     config = with_draft(config, total)
     result = plan_pair(config, total)
     print_plan(result, total)
+    print_estimates(result, args.link_gbps, args.tokens_per_pass)
     if result.fits:
         spare = total - CUDA_CONTEXT_BYTES - result.plan.total
         print(f"fits, {spare / GB:.2f} GB to spare")
+        suggest_self_draft(config, total)
         return 0
     print(f"does not fit; the server refuses at start with:\n  {result.refusal}")
     found = alternatives(config, total)
@@ -87,7 +118,25 @@ def run(args: argparse.Namespace) -> int:
     for flags, alternative in found:
         print(f"  {flags}: resident layers {alternative.resident_layers}, KV slots {slots(alternative)}, "
               f"{alternative.plan.total / GB:.2f} GB")
+    suggest_self_draft(config, total)
     return 1
+
+
+def self_draft_targets(total_bytes: int) -> list[str]:
+    """The models of configs/shapes/models.toml whose weights at 2 bytes each exceed the GPU: the targets
+    that stream, which is where a self-draft shares the resident part."""
+    known = config_shapes.known_models()
+    return [name for name, fields in known.items()
+            if config_shapes.weight_bytes(fields, 2).total > total_bytes - CUDA_CONTEXT_BYTES]
+
+
+def suggest_self_draft(config: EngineConfig, total_bytes: int) -> None:
+    """Under a streamed target's plan: the self-draft that fits this GPU, if one does (one line)."""
+    if not config.offload.enabled or config.model.draft == SELF_DRAFT or config.speculation.method == "autoregressive":
+        return
+    fit = self_draft_fit.self_draft_fit(config.model.target, total_bytes)
+    if fit.fits:
+        print(self_draft_fit.describe_fit(fit))
 
 
 def with_draft(config: EngineConfig, total_bytes: int) -> EngineConfig:
@@ -153,17 +202,21 @@ def with_auto_draft(config: EngineConfig, total_bytes: int) -> EngineConfig | No
 
 
 def table_row(name: str, flags: str, result: PairPlan) -> str:
+    speed = plan_estimate.estimate_speed(result)
+    estimate = f"{speed.tokens_per_second:.1f} ({speed.tokens_per_pass:.1f} x {1 / speed.pass_seconds:.2f})" if speed else "-"
     return (f"| {name} | {result.config.model.target} | {result.config.model.draft or '-'} | {flags or 'as configured'} "
             f"| {result.resident_layers} / {result.num_layers} | {slots(result)} | {result.plan.total / GB:.2f} "
-            f"| {'yes' if result.fits else 'no'} |")
+            f"| {'yes' if result.fits else 'no'} | {plan_estimate.host_ram(result)[0] / GB:.0f} | {estimate} |")
 
 
 def print_table(paths: list[str], total_bytes: int) -> None:
     """A markdown table: each config's (or known model's) pair as configured, and when it does not fit
-    the alternatives."""
+    the alternatives; with the host RAM each needs and its speed estimate at the assumed link and tokens per
+    pass."""
     usable = (total_bytes - CUDA_CONTEXT_BYTES) / GB
-    print(f"| config | target | draft | changed | resident layers | KV slots | GB (of {usable:g}) | fits |")
-    print("|---|---|---|---|--:|---|--:|---|")
+    print(f"| config | target | draft | changed | resident layers | KV slots | GB (of {usable:g}) | fits | host RAM GB "
+          "| est. tokens/s (tokens per pass x passes/s) |")
+    print("|---|---|---|---|--:|---|--:|---|--:|--:|")
     for path in paths:
         config, name = table_config(path)
         result = plan_pair(config, total_bytes)

@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+echo "specexec: starting specexec serve (a few seconds of imports, then it listens and loads the model; Ctrl+C" \
+     "stops it)" >&2
 exec .venv/bin/specexec serve "$@"

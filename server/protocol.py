@@ -9,7 +9,7 @@ unknown fields are ignored. A supported-but-unimplemented option with a value th
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -292,6 +292,23 @@ def error_param(loc: tuple[int | str, ...]) -> str:
         elif part in _FIELD_NAMES:
             param += f".{part}" if param else part
     return param or str(loc[0])
+
+
+def validated_as(cls: type[SamplingRequest], body: dict[str, Any], rename: Callable[[str | None], str | None],
+                 message: str = "{param}: {msg}") -> SamplingRequest:
+    """Another API's request mapped onto `cls` (chat or completions), validated and checked as that route
+    checks it; errors name the other API's field (`rename`) in its words (`message`)."""
+    try:
+        request = cls.model_validate({k: v for k, v in body.items() if v is not None})
+        check_supported(request)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = rename(error_param(first["loc"]))
+        raise invalid_request(message.format(param=param, msg=first["msg"]), param, "invalid_value") from None
+    except APIError as exc:
+        exc.param = rename(exc.param)
+        raise
+    return request
 
 
 def check_supported(request: SamplingRequest) -> None:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import os
+import signal
+import socket
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from engine.config import EngineConfig, build_section
+from engine.types import ConfigError
 from server.config import (
     GENERATION_CONFIG,
     JSON_WHITESPACE,
@@ -78,21 +83,73 @@ def server_config_from(args: argparse.Namespace | None, toml_section: dict | Non
                        source: str | None = None) -> ServerConfig:
     """The [server] table of a config file, overridden by any flag given on the command line."""
     values: dict[str, Any] = dict(toml_section or {})
+    flags: dict[str, str] = {}  # field -> the flag that set it (errors name it)
     for name in SERVER_FIELDS:
         value = getattr(args, name, None) if args is not None else None
         if value is None:
             continue
         values[name] = value
+        flags[name] = "--no-webui" if name == "webui" else "--" + name.replace("_", "-")
     if isinstance(getattr(args, "served_model_name", None), list):
         values["served_model_name"] = [n.strip() for arg in args.served_model_name for n in arg.split(",") if n.strip()]
     for name in ("cors_origins", "allowed_hosts"):
         if name in values and isinstance(values[name], str):
             values[name] = [o.strip() for o in values[name].split(",") if o.strip()]
     if getattr(args, "max_body_mb", None) is not None:
+        if args.max_body_mb * MIB < 1024:
+            raise ConfigError("--max-body-mb", f"must be at least 0.001 (1 KiB), got {args.max_body_mb:g}")
         values["max_body_bytes"] = round(args.max_body_mb * MIB)
+        flags["max_body_bytes"] = "--max-body-mb"
     if values.get("api_key") is None and (env_key := api_key_from_env()) is not None:
         values["api_key"] = env_key
-    return build_section(ServerConfig, values, "server", source)
+    return build_section(ServerConfig, values, "server", source, flags)
+
+
+def check_port(host: str, port: int) -> None:
+    """Bind `host`:`port` as uvicorn will (SO_REUSEADDR, as asyncio does) and let it go, so a port in use is
+    said before the model loads (uvicorn finds it only after the load, minutes for a large model)."""
+    if port == 0:
+        return
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host}", f"not an address of this machine ({exc.strerror}); use 127.0.0.1 "
+                          "(this machine only) or 0.0.0.0 (every interface)") from None
+    for family, kind, proto, _name, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise bind_error(host, port, exc) from None
+
+
+def bind_error(host: str, port: int, exc: OSError) -> ConfigError:
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(f"--port {port}", f"{host}:{port} is already in use (another server, perhaps an earlier "
+                           "specexec serve); stop it, or pick another port with --port (0: any free one)")
+    if exc.errno == errno.EACCES:
+        return ConfigError(f"--port {port}", f"binding {host}:{port} is not permitted (ports below 1024 need "
+                           "privileges); use a port above 1023")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError(f"--host {host}", "not an address of this machine; use 127.0.0.1 (this machine only) or "
+                           "0.0.0.0 (every interface)")
+    return ConfigError(f"--port {port}", f"cannot bind {host}:{port} ({exc.strerror})")
+
+
+def end_during_load(signum: int | None) -> NoReturn:
+    """End the process while the engine still loads in its thread: at once, as a signal before the server
+    listened does (specexec/__main__.py). Waiting would take the rest of the load (minutes for a 70B), and
+    an interpreter exit around a thread inside torch can abort (`terminate called without an active
+    exception`). Nothing is served yet: no response to finish, no file to write. Exit status: 130 for Ctrl+C
+    (128 + SIGINT), 0 for SIGTERM (as after a drain), 1 when uvicorn stopped (a port it could not bind)."""
+    code = {signal.SIGINT: 130, signal.SIGTERM: 0}.get(signum, 1) if signum is not None else 1
+    if signum is not None:
+        log.info("stopped while the model was loading (%s); the load is abandoned", signal.Signals(signum).name)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None:
@@ -135,7 +192,11 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None
         timeout_graceful_shutdown=5,  # after the drain (server/shutdown.py), for connections still open
     )
     server = DrainingServer(config, app.state.specexec, server_config.shutdown_timeout)
-    server.run()
+    try:
+        server.run()
+    finally:
+        if app.state.specexec.load_unfinished:  # stopped (a signal, or the port taken) while the model loads
+            end_during_load(server.first_signal)
     if failed:
         print(f"specexec serve: loading the engine failed: {failed[0]}", file=sys.stderr)
         sys.exit(1)

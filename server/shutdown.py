@@ -120,6 +120,7 @@ class DrainingServer(uvicorn.Server):
         self.state = state
         self.shutdown_timeout = shutdown_timeout
         self.signalled = False
+        self.first_signal: int | None = None  # the signal that began the shutdown
         self.hurry = False
         self._drain_task: asyncio.Task[int] | None = None
 
@@ -127,6 +128,8 @@ class DrainingServer(uvicorn.Server):
         """Signal handler: only sets flags; `on_tick` (every 0.1 s on the loop) acts on them."""
         if self.signalled:
             self.hurry = True  # a second signal: end the grace period now
+        else:
+            self.first_signal = sig
         self.signalled = True
 
     @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -59,6 +60,7 @@ class ServerState:
         self.preparation = Preparation(server_config.grammar_timeout)  # parse/tokenize/compile threads
         # what a request's left-out sampling fields default to (server/sampling_defaults.py); set at attach
         self.sampling_defaults: dict[str, float | int] = {}
+        self.load_thread: threading.Thread | None = None  # the engine's load (ServerState.load)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -106,10 +108,44 @@ class ServerState:
         if model and model not in self.model_names:
             raise model_not_found(model)
 
+    @property
+    def load_unfinished(self) -> bool:
+        """A load was started and neither attached an engine nor failed: it still runs (or its engine came
+        too late). `specexec serve` then ends the process at once (server/serve.py) rather than wait."""
+        return self.load_thread is not None and self.engine is None and self.load_error is None
+
     async def load(self, loader: EngineLoader) -> None:
-        """Load the engine in a worker thread (the event loop keeps answering /health with 503)."""
+        """Load the engine in a daemon thread of its own (the event loop keeps answering /health with 503).
+        Not asyncio's default executor: the loop's end waits for that executor's threads, so a signal
+        during a load would wait for the whole load (minutes for a 70B) before the process could exit."""
+        loop = asyncio.get_running_loop()
+        loaded: asyncio.Future[GenerationEngine] = loop.create_future()
+
+        def settle(engine: GenerationEngine | None, exc: BaseException | None) -> None:
+            if loaded.cancelled():  # the server stopped first: nothing will serve this engine
+                if engine is not None:
+                    engine.close()
+            elif exc is not None:
+                loaded.set_exception(exc)
+            else:
+                loaded.set_result(engine)
+
+        def work() -> None:
+            engine, error = None, None
+            try:
+                engine = loader(self.engine_config)
+            except BaseException as exc:  # handed to the loop, which logs it and fails the server
+                error = exc
+            try:
+                loop.call_soon_threadsafe(settle, engine, error)
+            except RuntimeError:  # the loop is closed: the server stopped while this loaded
+                if engine is not None:
+                    engine.close()
+
+        self.load_thread = threading.Thread(target=work, name="specexec-load", daemon=True)
+        self.load_thread.start()
         try:
-            engine = await asyncio.to_thread(loader, self.engine_config)
+            engine = await loaded
             self.attach(engine)
             freeze_loaded_objects()
         except Exception as exc:

@@ -15,7 +15,7 @@ import signal
 import sys
 from types import FrameType
 
-from engine.cli import CliError, add_engine_arguments, apply_threads, engine_config_from_args
+from engine.cli import CliError, add_engine_arguments, apply_threads, engine_config_from_args, resolve_models
 from engine.generate_cli import add_generate_arguments
 from engine.types import CheckpointError, ConfigError, ContextLengthError, OffloadError
 from server.serve import add_server_arguments
@@ -35,36 +35,51 @@ BENCH_TOOLS = {  # `specexec bench NAME`: module, description
     "serve": ("bench.serve", "concurrent streams through the HTTP server: tok/s, TTFT, tokens per pass"),
     "hardening": ("bench.hardening", "issue 29: small-request latency beside slow ones, /infill CPU, stream gaps, schemas, RSS"),
     "overlap": ("bench.overlap", "overlap off and on: draft, pass and step ms by budget, streams, a long prompt joining"),
+    "self-draft": ("bench.self_draft", "tokens per pass: --draft self vs the pair's draft, by temperature and budget"),
     "hybrid": ("bench.hybrid", "a Gated DeltaNet hybrid pair against a standard one: tokens per pass, pass ms, state memory"),
 }
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.generate_cli import run_generate
+    from engine.model.preflight import check_pair
 
     config, _ = engine_config_from_args(args)
+    check_pair(config)
     apply_threads(config)
     return run_generate(config, args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    signal.signal(signal.SIGTERM, stop_before_serving)  # the server takes the signal over once it listens
-    from server.serve import run_server, server_config_from
+    """Every mistake found before the load where it can be: the config file and flags (both sections, at
+    once), the port, then the models (downloads, folders, device, vocabularies); then the server listens
+    and loads the pair in a thread."""
+    for signum in (signal.SIGTERM, signal.SIGINT):  # the server takes them over once it listens
+        signal.signal(signum, stop_before_serving)
+    from server.serve import check_port, run_server, server_config_from
 
-    config, server_section = engine_config_from_args(args)
+    config, server_section = engine_config_from_args(args, require_folders=False)
+    server_config = server_config_from(args, server_section, args.config)
+    check_port(server_config.host, server_config.port)
+    config = resolve_models(config)
+    from engine.model.preflight import check_pair
+
+    check_pair(config)
     apply_threads(config)
-    run_server(config, server_config_from(args, server_section, args.config))
+    run_server(config, server_config)
     return 0
 
 
 def stop_before_serving(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM while `serve` imports and configures, before uvicorn handles signals: a clean exit (0),
-    as after a drain, rather than death by the signal (143). Nothing is open yet (no port, no request),
-    and an exception raised here would land inside whatever import is running (transformers' lazy
-    modules turn it into a broken import that fails the load), so the process ends at once."""
+    """SIGTERM or Ctrl+C while `serve` imports, configures or downloads, before uvicorn handles signals
+    (and again after it gave them back): a clean exit, 0 for SIGTERM as after a drain (rather than death
+    by the signal, 143), 130 for Ctrl+C. Nothing is open yet (no port, no request), and an exception
+    raised here would land inside whatever import is running (transformers' lazy modules turn it into a
+    broken import that fails the load), or inside torch at the interpreter's exit, so the process ends
+    at once."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os._exit(0)
+    os._exit(130 if signum == signal.SIGINT else 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, ConfigError, CheckpointError, ContextLengthError, OffloadError) as exc:
         print(f"specexec: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl+C before the server took over the signal (loading, imports)
+    except KeyboardInterrupt:  # Ctrl+C in `generate` (`serve` installs its own handlers: stop_before_serving)
         return 130  # 128 + SIGINT
     except BrokenPipeError:  # `specexec generate ... | head`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again

@@ -168,6 +168,34 @@ def test_the_plan_is_the_engines_plan(pairs, arch):
         engine.close()
 
 
+def test_the_plan_prints_its_host_ram_and_a_labelled_speed_estimate(capsys):
+    """tokens/s = tokens per pass x link GB/s / GB streamed per pass, with the bandwidth and tokens per pass it
+    assumed; the host RAM is the load's peak as the server counts it before loading, margin included."""
+    from engine.model import host_plan
+    from engine.model.plan_estimate import assumed_tokens_per_pass
+
+    qwen = str(CONFIG_DIR / "qwen2.5-72b-instruct.toml")
+    code, out = plan(capsys, "--config", qwen, "--gpu-memory-total", "24", "--link-gbps", "50", "--tokens-per-pass", "10")
+    layer = config_shapes.weight_bytes(config_shapes.read_model_config("Qwen/Qwen2.5-72B-Instruct")[0], 2).layer
+    streamed = 78 * layer  # 2 of 80 layers resident (the plan's table above)
+    estimate = next(line for line in out.splitlines() if line.startswith("speed estimate (arithmetic, not measured)"))
+    assert f"about {10 * 50 * GB / streamed:.2f} tokens/s ({50 * GB / streamed:.2f} without speculation)" in estimate
+    assert f"{streamed / GB:.2f} GB streamed per target pass (78 layers) at 50 GB/s" in estimate
+    assert "50 GB/s: given (--link-gbps); 10.0 tokens per pass: given (--tokens-per-pass)" in out
+    draft = config_shapes.weight_bytes(config_shapes.read_model_config("Qwen/Qwen2.5-1.5B-Instruct")[0], 2).total
+    store = sum(host_plan.padded_bytes(layer) for _ in range(78))
+    need = store + host_plan.READ_CHUNK + draft
+    assert f"host RAM: {(need + host_plan.margin_for(need)) / GB:.2f} GB at the load's peak" in out
+    code, out = plan(capsys, "--config", qwen, "--gpu-memory-total", "24")  # the defaults, said to be assumed
+    assert "25 GB/s: assumed, PCIe 4.0 x16" in out and "tokens per pass: assumed for budget 1024" in out
+    assert assumed_tokens_per_pass(256, "specexec") == 13.46 and assumed_tokens_per_pass(2048, "rrs") == 20.0
+    assert 13.46 < assumed_tokens_per_pass(1024, "specexec") < 20 and assumed_tokens_per_pass(4096, "specexec") == 20
+    assert assumed_tokens_per_pass(1024, "autoregressive") == 1.0
+    code, out = plan(capsys, "--target", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "autoregressive",
+                     "--gpu-memory-total", "24")  # resident: nothing streams, no estimate from the link
+    assert "speed estimate: none (no layer streams" in out
+
+
 def test_a_family_the_engine_refuses_is_refused_by_the_plan_too(capsys, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["JambaForCausalLM"], "model_type": "jamba"}))
     code = main(["plan", "--target", str(tmp_path), "--method", "autoregressive", "--gpu-memory-total", "24"])

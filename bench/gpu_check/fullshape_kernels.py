@@ -5,7 +5,9 @@ tinygemm: torch's int4 matmul, after converting the layer's nibble pairs to its 
 `Int4Linear` does for calls of up to TINYGEMM_MAX_ROWS rows). bf16 once: the nibble pairs dequantized
 to a bf16 matrix, then one matmul (what it does for larger calls). gptqmodel-like: unpacking the
 checkpoint's int32 words with int32 arithmetic on every call, as the dequantize kernel does. bf16
-dense: the unquantized layer, for scale. engine: `Int4Linear` itself, which picks one of the first two."""
+dense: the unquantized layer, for scale. engine: `Int4Linear` itself, which picks one of the first two.
+compiled: bf16 once with the dequantization compiled by torch.compile into one kernel (the first call
+of each matrix shape compiles, in the warm-up)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from bench.gpu_check.probes import seconds_of
 from engine.model.gptq_int4 import (
     CUDA_INNER_K_TILES,
     Int4Linear,
+    dequantize_function,
     dequantized,
     pack_for,
     unpack_cols,
@@ -37,6 +40,7 @@ class KernelRow:
     gptq_like_s: float
     dense_s: float
     engine_s: float
+    compiled_s: float  # bf16 once with the dequantization compiled into one kernel (SPECEXEC_INT4_DEQUANT=compiled)
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,11 @@ def bf16_once(module: Int4Linear, x: torch.Tensor) -> torch.Tensor:
     return x @ dequantized(module.packed, module.scales_and_zeros, module.group_size).T
 
 
+def bf16_once_compiled(module: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    fused = dequantize_function("compiled")
+    return x @ fused(module.packed, module.scales_and_zeros, module.group_size).T
+
+
 def kernel_rows(shape: FullShape, device: torch.device, dtype: torch.dtype) -> list[KernelRow]:
     rows = []
     shapes = projection_shapes(shape)
@@ -106,6 +115,7 @@ def kernel_rows(shape: FullShape, device: torch.device, dtype: torch.dtype) -> l
             best_of(device, lambda xs=xs: [dequantize_matmul(x, *g, shape.group_size) for g, x in zip(gptq, xs, strict=True)]),
             best_of(device, lambda xs=xs: [x.to(dtype) @ w for w, x in zip(dense, xs, strict=True)]),
             engine,
+            best_of(device, lambda xs=xs: [bf16_once_compiled(m, x) for m, x in zip(int4, xs, strict=True)]) if cuda else engine,
         ))
     return rows
 

@@ -173,7 +173,7 @@ def track_acceptance_rows(ctx: CheckContext) -> None:
     make_context = engine._step_context
     times: dict[bool, list[float]] = {}
     for track in (True, False, True, False):
-        engine._step_context = lambda p, a, track=track: dataclasses.replace(make_context(p, a), track_acceptance=track)
+        engine._step_context = lambda p, a, s, track=track: dataclasses.replace(make_context(p, a, s), track_acceptance=track)
         steps = engine.generate(Request(f"track-{track}", prompt, params))
         next(steps)  # the prefill step
         for _ in range(TIMED_STEPS):

@@ -12,15 +12,36 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from transformers.utils import logging as hf_logging
 
 from engine.model import families, gptq, int4_formats
-from engine.types import CheckpointError, VocabMismatchError
+from engine.types import CheckpointError, ConfigError, VocabMismatchError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def resolve_device(device: str) -> torch.device:
+    """model.device as a torch device; a CUDA device this torch or machine does not have is a ConfigError
+    saying what to do (not torch's assertion deep in the load)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        check_cuda_device(device, resolved.index)
+    return resolved
+
+
+def check_cuda_device(device: str, index: int | None) -> None:
+    if torch.version.cuda is None:
+        raise ConfigError(f"--device {device}", (
+            f"this torch ({torch.__version__}) is a build without CUDA; install a CUDA build of torch into this "
+            "environment (https://pytorch.org/get-started/locally/), or use --device cpu (--device auto: CUDA "
+            "where there is one)"))
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}", (
+            f"no CUDA device is usable (torch {torch.__version__}, CUDA {torch.version.cuda}: no GPU, no driver "
+            "for this CUDA, or CUDA_VISIBLE_DEVICES hides them; `nvidia-smi` shows which); use --device cpu"))
+    count = torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise ConfigError(f"--device {device}", f"this machine has {count} CUDA device(s), cuda:0 to "
+                          f"cuda:{count - 1}; name one of them")
 
 
 def resolve_dtype(dtype: str, device: torch.device, config: dict) -> torch.dtype:
@@ -41,7 +62,10 @@ def read_config(path: str) -> dict:
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"{path}: no config.json (expected a local Hugging Face checkpoint folder)")
-    config = families.language_model_config(json.loads(config_file.read_text()))
+    try:
+        config = families.language_model_config(json.loads(config_file.read_text()))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: config.json is not valid JSON ({exc}); download the checkpoint again") from None
     refused = families.refusal(config.get("architectures") or [])
     if refused is not None:
         raise CheckpointError(f"{path}: {refused}")
@@ -106,7 +130,8 @@ def check_vocab(
         missing = target_path if target_tok is None else draft_path
         raise VocabMismatchError(
             f"cannot check that draft {draft_path!r} and target {target_path!r} share a vocabulary: "
-            f"{missing!r} has no tokenizer files"
+            f"{missing!r} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.json); copy its "
+            "model's tokenizer files into it"
         )
     target_vocab = {i: t for t, i in target_tok.get_vocab().items()}
     draft_vocab = {i: t for t, i in draft_tok.get_vocab().items()}
@@ -116,7 +141,9 @@ def check_vocab(
             raise VocabMismatchError(
                 f"draft {draft_path!r} and target {target_path!r} have incompatible vocabularies: "
                 f"token id {token_id} is {draft_vocab.get(token_id)!r} in the draft but "
-                f"{target_vocab.get(token_id)!r} in the target"
+                f"{target_vocab.get(token_id)!r} in the target; a draft must share the target's token ids: "
+                "use a draft with the target's tokenizer (a smaller model of its family), or --method "
+                "autoregressive to serve without one"
             )
 
 

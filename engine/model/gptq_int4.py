@@ -36,6 +36,10 @@ the same model's alone, as with any kernel.
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -112,6 +116,36 @@ def dequantized(nibbles: torch.Tensor, scales_and_zeros: torch.Tensor, group_siz
     return torch.addcmul(zero[..., None], centered, scale[..., None], out=weight).view(n, -1)
 
 
+def dequantized_fused(nibbles: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """`dequantized` written as one expression for torch.compile (one kernel: 0.5 byte read and 2 written
+    per weight); in float32, rounded once, so its result is `dequantized`'s bit for bit."""
+    n = nibbles.shape[0]
+    q = torch.stack((nibbles >> 4, nibbles & 15), dim=-1).view(n, -1, group_size)
+    scale, zero = scales_and_zeros.permute(1, 0, 2).unbind(-1)
+    weight = (q.to(torch.float32) - 8) * scale[..., None].float() + zero[..., None].float()
+    return weight.to(torch.bfloat16).view(n, -1)
+
+
+DEQUANT_MODES = ("eager", "compiled")  # SPECEXEC_INT4_DEQUANT: how CUDA calls of many rows dequantize
+
+
+def dequantize_function(mode: str | None = None) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
+    """`dequantized` (eager: several kernels, ~8.8 ms a 70B layer on an H100) or `dequantized_fused`
+    compiled by torch.compile (one kernel per matrix shape, compiled on its first call), by `mode` or
+    SPECEXEC_INT4_DEQUANT (default eager until measured on a GPU: docs/bench/gpu.md)."""
+    mode = mode or os.environ.get("SPECEXEC_INT4_DEQUANT", "eager")
+    if mode not in DEQUANT_MODES:
+        raise ValueError(f"SPECEXEC_INT4_DEQUANT must be one of {', '.join(DEQUANT_MODES)}, got {mode!r}")
+    return _dequantize_by_mode(mode)
+
+
+@functools.cache
+def _dequantize_by_mode(mode: str) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
+    if mode == "eager":
+        return dequantized
+    return torch.compile(dequantized_fused, dynamic=False, fullgraph=True)
+
+
 class Int4Linear(nn.Module):
     """y = x @ W.T + bias with W in torch's int4 layout (module doc); x: [..., in_features]."""
 
@@ -121,6 +155,9 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.kernel_device = kernel_device  # "cpu": the CPU kernel's layout; "cuda": [N, K / 2] nibble pairs
+        # CUDA: calls of up to this many rows run tinygemm, larger ones dequantize; 0 where tinygemm cannot
+        # take the matrix (K % 128, N % 8: engine.model.self_draft_quant), which then always dequantizes
+        self.tinygemm_max_rows = TINYGEMM_MAX_ROWS
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K / group, N, 2] bf16
         self.register_buffer("perm", perm)  # [K] int64 input order by group (act-order), or None
@@ -133,11 +170,11 @@ class Int4Linear(nn.Module):
         rows = rows.to(torch.bfloat16)
         if self.kernel_device == "cpu":
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
-        elif rows.shape[0] <= TINYGEMM_MAX_ROWS:  # CUDA-only
+        elif rows.shape[0] <= self.tinygemm_max_rows:  # CUDA-only
             tiled = torch.ops.aten._convert_weight_to_int4pack(self.packed, CUDA_INNER_K_TILES)
             out = torch.ops.aten._weight_int4pack_mm(rows, tiled, self.group_size, self.scales_and_zeros)
         else:  # CUDA-only
-            out = rows @ dequantized(self.packed, self.scales_and_zeros, self.group_size).T
+            out = rows @ dequantize_function()(self.packed, self.scales_and_zeros, self.group_size).T
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)

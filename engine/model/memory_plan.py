@@ -241,13 +241,17 @@ def check_fits(inputs: PlanInputs, plan: MemoryPlan, free_bytes: int, device_nam
     )
 
 
-def device_bytes(tensors: Iterable[torch.Tensor], device: torch.device) -> int:
-    """Bytes of the distinct storages behind `tensors` that live on `device` (tied weights count once)."""
+def device_bytes(tensors: Iterable[torch.Tensor], device: torch.device, counted: set[int] | None = None) -> int:
+    """Bytes of the distinct storages behind `tensors` that live on `device` (tied weights count once),
+    leaving out storages whose data_ptr is in `counted` (already counted elsewhere) and adding theirs to it."""
     seen: dict[int, int] = {}
     for tensor in tensors:
         if tensor.device == device:
             storage = tensor.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
+            if counted is None or storage.data_ptr() not in counted:
+                seen[storage.data_ptr()] = storage.nbytes()
+    if counted is not None:
+        counted.update(seen)
     return sum(seen.values())
 
 
@@ -287,14 +291,15 @@ def loaded_bytes(
     outer = [target.embed_tokens, target.norm, target.lm_head, target.rotary_emb]
     skip = set(streamed)
     resident = [layer for idx, layer in enumerate(target.hf_layers) if idx not in skip]
+    counted: set[int] = set()  # a self-draft shares the target's outer weights and resident layers: once
     loaded = {
-        "target embeddings, norm and head": device_bytes(module_tensors(outer), device),
-        "target resident layers": device_bytes(module_tensors(resident), device),
-        "offload ring": device_bytes(ring, device),
+        "target embeddings, norm and head": device_bytes(module_tensors(outer), device, counted),
+        "target resident layers": device_bytes(module_tensors(resident), device, counted),
+        "offload ring": device_bytes(ring, device, counted),
     }
     if draft is not None:
         modules = [draft.embed_tokens, draft.norm, draft.lm_head, draft.rotary_emb, *draft.hf_layers]
-        loaded["draft weights"] = device_bytes(module_tensors(modules), device)
+        loaded["draft weights"] = device_bytes(module_tensors(modules), device, counted)
     return loaded
 
 

@@ -16,6 +16,8 @@ from transformers import PreTrainedTokenizerBase
 from engine.config import EngineConfig, LimitsConfig
 from engine.model import checkpoint, gptq, host_plan
 from engine.model.runner import DecoderRunner
+from engine.model.self_draft import SELF, build_self_draft
+from engine.model.self_draft_plan import target_refusal
 from engine.offload.build import build_offloaded_runner
 from engine.offload.loader import load_offloaded_target
 from engine.types import CheckpointError, ConfigError
@@ -49,11 +51,15 @@ def load_pair(config: EngineConfig) -> LoadedPair:
     dtype = checkpoint.resolve_dtype(model_cfg.dtype, device, target_config)
     tokenizer = checkpoint.load_tokenizer(model_cfg.target)
     needs_draft = config.speculation.method != "autoregressive"
+    self_draft = needs_draft and model_cfg.draft == SELF
     if needs_draft:
         if not model_cfg.draft:
             raise CheckpointError(f"method {config.speculation.method} needs a draft model (--draft)")
-        checkpoint.read_config(model_cfg.draft)
-        checkpoint.check_vocab(model_cfg.target, tokenizer, model_cfg.draft, checkpoint.load_tokenizer(model_cfg.draft))
+        if self_draft:
+            check_self_draft(config, target_config)
+        else:
+            checkpoint.read_config(model_cfg.draft)
+            checkpoint.check_vocab(model_cfg.target, tokenizer, model_cfg.draft, checkpoint.load_tokenizer(model_cfg.draft))
     streaming = check_host_memory(config, device, dtype, target_config, needs_draft)  # before any weights load
     if streaming:
         target_model, streamer = load_offloaded_target(config, dtype, device)
@@ -63,7 +69,9 @@ def load_pair(config: EngineConfig) -> LoadedPair:
         target_model = checkpoint.load_model(model_cfg.target, dtype, gptq_kernel=kernel, compute_device=device)
         target = build_target_runner(target_model, config, device)
     draft = None
-    if needs_draft:
+    if self_draft:
+        draft = build_self_draft(target, target_model, device, checkpoint_layers(config, dtype, device))
+    elif needs_draft:
         draft = DecoderRunner(checkpoint.load_model(model_cfg.draft, dtype, device, model_cfg.gptq_kernel))
         match_embeddings(target, draft, tokenizer)
     eos = checkpoint.eos_token_ids(target_model, tokenizer)
@@ -79,7 +87,12 @@ def check_host_memory(
     model_cfg = config.model
     try:
         target = host_plan.checkpoint_bytes(model_cfg.target, dtype)
-        draft = host_plan.checkpoint_bytes(model_cfg.draft, dtype).total if needs_draft else 0
+        if needs_draft and model_cfg.draft == SELF:  # 4-bit copies: on the host only where it is the device
+            draft = target.total // 4 if device.type == "cpu" else 0
+            if model_cfg.self_draft_from:
+                draft += host_plan.checkpoint_bytes(model_cfg.self_draft_from, dtype).total
+        else:
+            draft = host_plan.checkpoint_bytes(model_cfg.draft, dtype).total if needs_draft else 0
     except FileNotFoundError as exc:  # no *.safetensors: transformers loads other formats, unchecked
         log.warning("host memory not checked before loading: %s", exc)
         return False
@@ -87,6 +100,34 @@ def check_host_memory(
     need = host_plan.check_host_memory_before_loading(config, device.type == "cpu", target, draft, streaming)
     log.info("host memory for loading: %.2f GB (checked before loading)", need / host_plan.GB)
     return streaming
+
+
+def check_self_draft(config: EngineConfig, target_config: dict) -> None:
+    """Refuse `--draft self` for a target that cannot have one, and a `--self-draft-from` checkpoint that
+    is not a 4-bit checkpoint of the target's shape (before any weights load)."""
+    why = target_refusal(target_config)
+    if why is not None:
+        raise ConfigError("model.draft", f"--draft self: {why}")
+    path = config.model.self_draft_from
+    if not path:
+        return
+    source = checkpoint.read_config(path)
+    if gptq.quant_method(source) is None:
+        raise ConfigError("model.self_draft_from", f"{path}: not a quantized checkpoint (no quantization_config)")
+    for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "vocab_size"):
+        if source.get(key) != target_config.get(key):
+            raise ConfigError("model.self_draft_from", f"{path}: {key} {source.get(key)} is not the target's "
+                              f"{target_config.get(key)}: not a checkpoint of the same model")
+
+
+def checkpoint_layers(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> list | None:
+    """The decoder layers of the `--self-draft-from` checkpoint, loaded on the host for `device`'s
+    kernels (its embeddings and head are dropped: the self-draft shares the target's); None without one."""
+    path = config.model.self_draft_from
+    if not path:
+        return None
+    model = checkpoint.load_model(path, dtype, "cpu", config.model.gptq_kernel, device)
+    return list(model.model.layers)
 
 
 def target_gptq_kernel(config: EngineConfig, target_config: dict) -> str:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.model import config_shapes, gptq_int4, memory, memory_plan
+from engine.config import SELF_DRAFT, EngineConfig
+from engine.model import config_shapes, gptq_int4, memory, memory_plan, self_draft_plan
 from engine.model.pair import max_context_for
 from engine.offload.build import plan_resident
 from engine.speculation.budget import BudgetTracker
@@ -42,6 +42,7 @@ class PairPlan:
     cache_slots: int  # prefix cache slots after sizing
     sources: tuple[str, ...]  # where each model's shape came from
     refusal: str | None  # the server's one-line refusal, None when it fits
+    weights: tuple[config_shapes.ConfigBytes, config_shapes.ConfigBytes | None]  # target's and draft's bytes
 
     @property
     def fits(self) -> bool:
@@ -74,14 +75,25 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
     """The startup plan of `config` on a CUDA device of `total_bytes` (module doc)."""
     target_cfg, target_source = config_shapes.read_model_config(config.model.target)
     needs_draft = config.speculation.method != "autoregressive"
-    draft_cfg, draft_source = config_shapes.read_model_config(config.model.draft) if needs_draft else (None, "")
+    self_draft = needs_draft and config.model.draft == SELF_DRAFT
+    if self_draft:
+        why = self_draft_plan.target_refusal(target_cfg)
+        if why is not None:
+            raise ConfigError("model.draft", f"--draft self: {why}")
+        draft_cfg, draft_source = target_cfg, self_draft_plan.SOURCE
+    else:
+        draft_cfg, draft_source = config_shapes.read_model_config(config.model.draft) if needs_draft else (None, "")
     dtype_bytes = DTYPE_BYTES[load_dtype(config, target_cfg)]
     target_kernel, draft_kernel = gptq_kernels(config)
     target = config_shapes.weight_bytes(target_cfg, dtype_bytes, target_kernel)
-    draft = config_shapes.weight_bytes(draft_cfg, dtype_bytes, draft_kernel) if draft_cfg else None
     resident = list(range(target.num_layers))
     if config.offload.enabled:
         resident = plan_resident(list(target.layers), config.offload)
+    if self_draft:  # 4-bit copies of the streamed layers (all, resident), sharing the rest: counted once
+        draft_kernel = "int4"
+        draft = self_draft_plan.draft_bytes(target_cfg, dtype_bytes, self_draft_plan.copied(target.num_layers, resident))
+    else:
+        draft = config_shapes.weight_bytes(draft_cfg, dtype_bytes, draft_kernel) if draft_cfg else None
     num_resident = len(resident)
     streams = num_resident < target.num_layers
     streamed = [nbytes for idx, nbytes in enumerate(target.layers) if idx not in set(resident)]
@@ -110,21 +122,24 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
         kv_slots=config.limits.max_running,
         dequant_scratch_bytes=max((m.largest_matrix * scratch_bytes_per_weight(kernel) for m, kernel in scratch), default=0),
     )
-    return size_slots(config, inputs, total_bytes - CUDA_CONTEXT_BYTES, num_resident, target.num_layers,
+    return size_slots(config, inputs, total_bytes - CUDA_CONTEXT_BYTES, num_resident, (target, draft),
                       (target_source, draft_source))
 
 
 def size_slots(config: EngineConfig, inputs: memory_plan.PlanInputs, device_bytes: int, resident: int,
-               num_layers: int, sources: tuple[str, ...]) -> PairPlan:
+               weights: tuple[config_shapes.ConfigBytes, config_shapes.ConfigBytes | None],
+               sources: tuple[str, ...]) -> PairPlan:
     """Engine.reserve_memory's sizing and check, on `device_bytes` (after the CUDA context)."""
     limits = config.limits
+    num_layers = weights[0].num_layers
     free = device_bytes - sum(inputs.loaded.values())
     if free < 0:  # the load itself runs out of memory: no KV slot is sized
         inputs = dataclasses.replace(inputs, max_running=1, kv_slots=1)
-        weights = memory_plan.MemoryPlan(tuple(memory_plan.PlanItem(n, b, True) for n, b in inputs.loaded.items()))
-        error = memory.weights_do_not_fit(config, f"{weights.describe()}: {memory_plan.gb(weights.total)} for "
+        loaded = memory_plan.MemoryPlan(tuple(memory_plan.PlanItem(n, b, True) for n, b in inputs.loaded.items()))
+        error = memory.weights_do_not_fit(config, f"{loaded.describe()}: {memory_plan.gb(loaded.total)} for "
                                                   f"{memory_plan.gb(device_bytes)}")
-        return PairPlan(config, inputs, memory_plan.plan_memory(inputs), free, resident, num_layers, 1, 0, sources, str(error))
+        return PairPlan(config, inputs, memory_plan.plan_memory(inputs), free, resident, num_layers, 1, 0, sources,
+                        str(error), weights)
     fit = memory_plan.kv_slots_that_fit(inputs, free)
     running = max(1, min(limits.max_running, fit))
     cache_slots = max(0, min(limits.prefix_cache_slots, fit - running))
@@ -135,7 +150,7 @@ def size_slots(config: EngineConfig, inputs: memory_plan.PlanInputs, device_byte
         refusal = None
     except ConfigError as exc:
         refusal = str(exc)
-    return PairPlan(config, sized, plan, free, resident, num_layers, running, cache_slots, sources, refusal)
+    return PairPlan(config, sized, plan, free, resident, num_layers, running, cache_slots, sources, refusal, weights)
 
 
 def most_resident_that_fit(config: EngineConfig, total_bytes: int) -> PairPlan | None:

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
-from server.protocol import ChatCompletionRequest, check_supported, error_param
+from server.protocol import ChatCompletionRequest, validated_as
 
 log = logging.getLogger("specexec.server")
 
@@ -103,17 +103,7 @@ def chat_request(request: MessagesRequest) -> ChatCompletionRequest:
         body["tool_choice"] = _tool_choice(choice)
         if choice.disable_parallel_tool_use:
             body["parallel_tool_calls"] = False
-    try:
-        chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-        check_supported(chat)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = _anthropic_param(error_param(first["loc"]))
-        raise invalid_request(f"{param}: {first['msg']}", param, "invalid_value") from None
-    except APIError as exc:
-        exc.param = _anthropic_param(exc.param)
-        raise
-    return chat
+    return validated_as(ChatCompletionRequest, body, _anthropic_param)
 
 
 def system_parts(system: str | list[Any] | None) -> list[Block]:

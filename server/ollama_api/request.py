@@ -24,9 +24,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.types import REPETITION_PENALTY_RANGE
-from server.errors import APIError, invalid_request, unsupported
+from server.errors import invalid_request, unsupported
 from server.json_body import load_json_object
-from server.protocol import ChatCompletionRequest, CompletionRequest, check_supported, error_param
+from server.protocol import ChatCompletionRequest, CompletionRequest, validated_as
 
 FILL_CONTEXT = (-1, -2)  # num_predict: generate until the context is full
 
@@ -171,17 +171,7 @@ def _chat_message(message: Message, index: int) -> dict[str, Any]:
 def _validated(cls: type[Any], fields: dict[str, Any], request: OllamaRequest, max_context: int) -> Any:
     body = {"model": request.model, **fields, **_sampling(request.options or Options(), max_context),
             "response_format": _response_format(request.format)}
-    try:
-        out = cls.model_validate({k: v for k, v in body.items() if v is not None})
-        check_supported(out)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = _ollama_param(error_param(first["loc"]))
-        raise invalid_request(f"invalid value for '{param}': {first['msg']}", param, "invalid_value") from None
-    except APIError as exc:
-        exc.param = _ollama_param(exc.param)
-        raise
-    return out
+    return validated_as(cls, body, _ollama_param, "invalid value for '{param}': {msg}")
 
 
 def _sampling(options: Options, max_context: int) -> dict[str, Any]:

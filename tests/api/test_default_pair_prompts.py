@@ -34,3 +34,17 @@ def test_default_pair_continues_after_an_indented_new_line(fake_server: Callable
     for prompt in INDENTED_PROMPTS:
         out = client.completions.create(model="specexec-default", prompt=prompt, max_tokens=8, temperature=0)
         assert out.choices[0].text.strip(), (prompt, out.choices[0].text, out.choices[0].finish_reason)
+
+
+def test_the_readme_tool_calling_snippet_works_pasted_against_the_default_server(
+        fake_server: Callable, default_pair_engine: Any, capsys: pytest.CaptureFixture) -> None:
+    """README's tool-calling example, as pasted, against the built-in pair (whose template renders no tools):
+    it names the served model and reads a text answer (it named a model this server does not serve: 404)."""
+    readme = (DEFAULT_PAIR.parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Tool calling"):readme.index("### Agents: the Responses API")]
+    snippet = section[section.index("```python\n") + len("```python\n"):]
+    snippet = snippet[:snippet.index("```")]
+    srv = fake_server(default_pair_engine)
+    exec(compile(snippet.replace("http://127.0.0.1:8000", srv.url), "README tool calling", "exec"), {})
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed and printed[-1].split()[0] in ("stop", "length"), printed

@@ -116,3 +116,26 @@ def test_cuda_small_and_large_calls_agree():
     for out in (small, large):
         assert (out.cpu() - reference).norm() <= 0.02 * reference.norm()
     assert (small - large).norm() <= 0.01 * small.norm()
+
+
+def fused_case(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(5)
+    nibbles = gptq_int4.nibble_pairs(torch.randint(0, 16, (N, K), dtype=torch.int32, generator=gen)).to(device)
+    scales_and_zeros = (torch.rand(K // GROUP, N, 2, generator=gen) * 0.02 - 0.01).to(torch.bfloat16).to(device)
+    return nibbles, scales_and_zeros
+
+
+def test_the_fused_dequantization_is_the_eager_one_bit_for_bit():
+    nibbles, scales_and_zeros = fused_case(torch.device("cpu"))
+    assert torch.equal(gptq_int4.dequantized_fused(nibbles, scales_and_zeros, GROUP),
+                       gptq_int4.dequantized(nibbles, scales_and_zeros, GROUP))
+    with pytest.raises(ValueError, match="SPECEXEC_INT4_DEQUANT"):
+        gptq_int4.dequantize_function("fast")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_compiled_dequantization_is_the_eager_one_bit_for_bit():
+    nibbles, scales_and_zeros = fused_case(torch.device("cuda"))
+    compiled = gptq_int4.dequantize_function("compiled")
+    assert torch.equal(compiled(nibbles, scales_and_zeros, GROUP), gptq_int4.dequantized(nibbles, scales_and_zeros, GROUP))

@@ -1,6 +1,7 @@
 """Sampled output of the real engine has the target's distribution with top_k, top_p and min_p, at
 budgets above 16, alone and batched, for SpecExec (seeded: sample-and-match) and SpecInfer trees
-(unseeded: rejection sampling); and greedy output in bf16 is the target's own bf16 choice.
+(unseeded: rejection sampling), with the pair's draft and with the self-draft (--draft self, resident
+and streamed from RAM); and greedy output in bf16 is the target's own bf16 choice.
 
 The reference is the target alone: transformers' forward over every prefix of an 8-token vocabulary
 (so 3 tokens have 512 outcomes to enumerate), processed by tests/speculation/test_sampling_exactness's
@@ -14,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
+from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.runtime import Engine
 from engine.types import Request, SamplingParams
 from tests.helpers.offload_passes import reference_greedy
@@ -52,10 +53,16 @@ def exact_distribution(target_dir: str, params: SamplingParams) -> dict[tuple[in
     return probs
 
 
-def engine_for(pair: tuple[str, str], method: str, budget: int, max_running: int = 1) -> Engine:
+def engine_for(pair: tuple[str, str], method: str, budget: int, max_running: int = 1, draft: str = "pair") -> Engine:
+    """draft: the pair's ("pair"), or "self" (the target's 4-bit copy), resident or streamed from RAM
+    ("self-ram"), with the draft growing trees during the target's pass ("self-ram-overlap")."""
+    offload = OffloadConfig(enabled=True, resident_layers=1) if draft.startswith("self-ram") else OffloadConfig()
     return Engine.load(EngineConfig(
-        model=ModelConfig(target=pair[0], draft=pair[1]),
-        speculation=SpeculationConfig(method=method, budget=budget, specinfer_temperature=3.0 if method == "specexec" else 0.0),
+        model=ModelConfig(target=pair[0], draft=pair[1] if draft == "pair" else "self"),
+        # method specexec: SpecExec trees at every temperature (no switch to SpecInfer trees for hot requests)
+        speculation=SpeculationConfig(method=method, budget=budget, specinfer_temperature=3.0,
+                                      overlap=draft.endswith("overlap")),
+        offload=offload,
         limits=LimitsConfig(max_context=64, max_running=max_running),
     ))
 
@@ -77,20 +84,24 @@ def samples_from(engine: Engine, seeded: bool, batch: int) -> list[tuple[int, ..
     return out
 
 
-CASES = [  # (method, budget, seeded, requests per pass); one in the quick loop, the rest slow
-    pytest.param("specexec", 32, True, 1, id="specexec-32-seeded"),
-    pytest.param("specexec", 64, True, 4, id="specexec-64-seeded-batched", marks=pytest.mark.slow),
-    pytest.param("specinfer", 32, False, 1, id="specinfer-32", marks=pytest.mark.slow),
-    pytest.param("specinfer", 32, False, 4, id="specinfer-32-batched", marks=pytest.mark.slow),
+CASES = [  # (method, budget, seeded, requests per pass, draft); one in the quick loop, the rest slow
+    pytest.param("specexec", 32, True, 1, "pair", id="specexec-32-seeded"),
+    pytest.param("specexec", 64, True, 4, "pair", id="specexec-64-seeded-batched", marks=pytest.mark.slow),
+    pytest.param("specinfer", 32, False, 1, "pair", id="specinfer-32", marks=pytest.mark.slow),
+    pytest.param("specinfer", 32, False, 4, "pair", id="specinfer-32-batched", marks=pytest.mark.slow),
+    pytest.param("specexec", 32, True, 1, "self", id="specexec-32-seeded-self", marks=pytest.mark.slow),
+    pytest.param("specinfer", 32, False, 4, "self-ram", id="specinfer-32-batched-self-ram", marks=pytest.mark.slow),
+    pytest.param("specexec", 64, True, 4, "self-ram-overlap", id="specexec-64-seeded-batched-self-ram-overlap",
+                 marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize(("method", "budget", "seeded", "batch"), CASES)
-def test_engine_samples_follow_the_target(pair, method, budget, seeded, batch):
+@pytest.mark.parametrize(("method", "budget", "seeded", "batch", "draft"), CASES)
+def test_engine_samples_follow_the_target(pair, method, budget, seeded, batch, draft):
     exact = exact_distribution(pair[0], SamplingParams(**PARAMS))
     shaped = sum(1 for p in exact.values() if p == 0.0)
     assert shaped > 0  # top_k / top_p / min_p remove some continuations entirely
-    engine = engine_for(pair, method, budget, max_running=batch)
+    engine = engine_for(pair, method, budget, max_running=batch, draft=draft)
     samples = samples_from(engine, seeded, batch)
     p_first = chi_square_p([s[:1] for s in samples], marginal(exact, 1))
     p_seq = chi_square_p(samples, exact)

@@ -76,16 +76,21 @@ def target_model(pair):
 
 @pytest.fixture(scope="module")
 def engines(pair):
-    """(method, budget) -> Engine; one loaded pair shared by every speculation setting."""
-    base = Engine.load(EngineConfig(
-        model=ModelConfig(target=pair[0], draft=pair[1]),
-        speculation=SpeculationConfig(budget=max(BUDGETS)),
-        limits=LimitsConfig(max_context=256),
-    ))
-    return {
-        (method, budget): base.with_speculation(SpeculationConfig(method=method, budget=budget, specinfer_temperature=NAMED_TREES))
-        for method in ("specexec", "specinfer") for budget in BUDGETS
-    }
+    """(method, budget, draft) -> Engine; one loaded pair per draft (the pair's, and the self-draft: the
+    target's 4-bit copy) shared by every speculation setting."""
+    out = {}
+    for draft in ("pair", "self"):
+        base = Engine.load(EngineConfig(
+            model=ModelConfig(target=pair[0], draft=pair[1] if draft == "pair" else "self"),
+            speculation=SpeculationConfig(budget=max(BUDGETS)),
+            limits=LimitsConfig(max_context=256),
+        ))
+        out.update({
+            (method, budget, draft): base.with_speculation(SpeculationConfig(method=method, budget=budget,
+                                                                             specinfer_temperature=NAMED_TREES))
+            for method in ("specexec", "specinfer") for budget in BUDGETS
+        })
+    return out
 
 
 def prompts(vocab_size: int) -> list[list[int]]:
@@ -94,21 +99,22 @@ def prompts(vocab_size: int) -> list[list[int]]:
 
 
 GREEDY_CASES = [  # one case in the quick subset (-m "not slow"), the rest slow
-    pytest.param(method, penalty, id=f"{method}-{penalty}",
+    pytest.param(method, penalty, "pair", id=f"{method}-{penalty}",
                  marks=() if (method, penalty) == ("specexec", "all") else pytest.mark.slow)
     for method in ("specexec", "specinfer") for penalty in PENALTIES
-]
+] + [pytest.param(method, "all", "self", id=f"{method}-all-self", marks=pytest.mark.slow)
+     for method in ("specexec", "specinfer")]
 
 
-@pytest.mark.parametrize(("method", "penalty"), GREEDY_CASES)
-def test_greedy_with_penalties_equals_the_reference_loop(engines, target_model, method, penalty):
+@pytest.mark.parametrize(("method", "penalty", "draft"), GREEDY_CASES)
+def test_greedy_with_penalties_equals_the_reference_loop(engines, target_model, method, penalty, draft):
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, **PENALTIES[penalty])
     mismatches, ties, acts = [], 0, False
     for prompt in prompts(target_model.config.vocab_size):
         want, gaps = reference_greedy(target_model, prompt, params)
         acts |= want != reference_greedy(target_model, prompt, SamplingParams(temperature=0.0))[0]
         for budget in BUDGETS:
-            got = engines[(method, budget)].generate_ids(prompt, params)
+            got = engines[(method, budget, draft)].generate_ids(prompt, params)
             mismatch, tie = first_difference(got, want, gaps)
             ties += tie
             if mismatch:

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 38's part B, prepared: what a session lent a GPU runs, in two commands of under 5 minutes each
+# (the system python3 with torch and transformers; nothing installed).
+#   bash scripts/gpu-partb.sh 1 "$OUT"   # the cuda-marked tests, then the full-shape section (~4 min)
+#   bash scripts/gpu-partb.sh 2 "$OUT"   # the sections the round changed: build, steps, serving (~2 min)
+# Stage 1 runs the full shape with the int4 dequantization compiled into one kernel
+# (SPECEXEC_INT4_DEQUANT=compiled); its kernel table compares it with the eager one and tinygemm.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+stage=${1:?stage 1 or 2}
+out=${2:-gpu-partb}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+case "$stage" in
+  1)
+    git log --oneline -1 > "$out/commit.txt" 2>/dev/null
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -m cuda -rs tests/model tests/offload \
+        tests/speculation/test_overlap.py tests/speculation/test_step_timing.py > "$out/cuda-tests.log" 2>&1
+    tail -3 "$out/cuda-tests.log"
+    SPECEXEC_INT4_DEQUANT=compiled timeout 170 bash scripts/gpu-check.sh --out "$out/fullshape.md" \
+        --work-dir /tmp/gpucheck --sections header,fullshape > "$out/fullshape.log" 2>&1
+    tail -n 3 "$out/fullshape.log"
+    ;;
+  2)
+    timeout 280 bash scripts/gpu-check.sh --out "$out/sections.md" --work-dir /tmp/gpucheck \
+        --sections header,build,steps,serving > "$out/sections.log" 2>&1
+    tail -n 3 "$out/sections.log"
+    ;;
+  *)
+    echo "stage must be 1 or 2" >&2
+    exit 2
+    ;;
+esac
