@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.model import checkpoint
+from engine.model.hybrid_cache import HybridCache
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner
 from engine.offload.ring import LayerStreamer
@@ -18,7 +19,8 @@ from tests.helpers.offload_passes import streamed_runner
 from tests.helpers.tiny_models import make_tiny_pair
 from tests.helpers.trees import ancestors_and_depths, path_of
 
-ARCHS = ["llama", "mistral", "qwen2", "mixtral"]
+ARCHS = ["llama", "mistral", "qwen2", "mixtral", "qwen3_5_text", "qwen3_next"]  # hybrids: chunks through the tree
+# path (explicit masks, their commits applied lazily) against transformers' chunked rule (layer-major prefill)
 NUM_LAYERS = 4
 CHUNK = 16
 PROMPT_LEN = 5 * CHUNK + 7  # six chunks, the last one short
@@ -61,10 +63,23 @@ def chunked_prefill(runner: DecoderRunner, cache: KVCache, token_ids: list[int])
 
 
 def assert_same_kv(got: KVCache, want: KVCache, length: int) -> None:
+    """The same KV, and for a hybrid (KV of its attention layers) the same linear-attention states. A hybrid's
+    two paths are two algorithms (transformers' chunked rule, the engine's tree form over a chain): equal to
+    fp32 summation order (amplified through the layers of these spiky tiny models), relative to the scale."""
     assert got.length == want.length == length
-    torch.testing.assert_close(got.keys[:, :, :length], want.keys[:, :, :length], atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(got.values[:, :, :length], want.values[:, :, :length], atol=1e-6, rtol=1e-6)
+    for name in ("keys", "values"):
+        got_kv, want_kv = getattr(got, name)[:, :, :length], getattr(want, name)[:, :, :length]
+        if isinstance(got, HybridCache):
+            assert float((got_kv - want_kv).abs().max()) <= 1e-4 * float(want_kv.abs().max()), name
+        else:
+            torch.testing.assert_close(got_kv, want_kv, atol=1e-6, rtol=1e-6)
     assert torch.equal(got.positions[:length], torch.arange(length))
+    if isinstance(got, HybridCache) and isinstance(want, HybridCache):
+        want.settle()
+        assert got.linear.settled == want.linear.settled == [length] * len(got.linear.settled)
+        for name in ("state", "window"):
+            got_state, want_state = getattr(got.linear, name), getattr(want.linear, name)
+            assert float((got_state - want_state).abs().max()) <= 1e-4 * float(want_state.abs().max()), name
 
 
 def tree_pass(runner: DecoderRunner, cache: KVCache, tree_ids: torch.Tensor) -> torch.Tensor:
@@ -118,7 +133,11 @@ def test_streamed_prefill_equals_chunked_and_transformers(targets, arch):
     with torch.no_grad():
         for node in range(len(PARENTS)):
             path = torch.tensor(token_ids + tree_ids[path_of(PARENTS, node)].tolist())
-            torch.testing.assert_close(logits[node], model(path[None]).logits[0, -1], atol=TOL, rtol=TOL)
+            want_logits = model(path[None]).logits[0, -1]
+            if isinstance(got, HybridCache):  # transformers chunks the path by 64, the engine's prefill by CHUNK
+                assert float((logits[node] - want_logits).abs().max()) <= TOL * float(want_logits.abs().max())
+            else:
+                torch.testing.assert_close(logits[node], want_logits, atol=TOL, rtol=TOL)
 
 
 @pytest.mark.usefixtures("small_chunks")
