@@ -11,6 +11,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from engine import multimodal
 from engine.model import families, gptq, int4_formats
 from engine.types import CheckpointError, ConfigError, VocabMismatchError
 
@@ -63,7 +64,7 @@ def read_config(path: str) -> dict:
     if not config_file.is_file():
         raise CheckpointError(f"{path}: no config.json (expected a local Hugging Face checkpoint folder)")
     try:
-        config = families.language_model_config(json.loads(config_file.read_text()))
+        config = multimodal.language_model_config(json.loads(config_file.read_text()))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: config.json is not valid JSON ({exc}); download the checkpoint again") from None
     refused = families.refusal(config.get("architectures") or [])
@@ -100,6 +101,9 @@ def load_model(
         with warnings.catch_warnings():
             # our GPTQConfig only picks the kernel; transformers warns that it merges it into the checkpoint's
             warnings.filterwarnings("ignore", message="You passed `quantization_config`", category=UserWarning)
+            if multimodal.is_multimodal(json.loads((Path(path) / "config.json").read_text())):
+                # its text decoder alone, read from the language model's prefix; the vision tower is left unread
+                extra |= dict(config=multimodal.hf_config(path), key_mapping=multimodal.KEY_MAPPING)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot load weights: {exc}") from exc
@@ -116,7 +120,10 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase | None:
     folder = Path(path)
     if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         return None
-    return AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if not tokenizer.chat_template:  # a multimodal checkpoint may keep it with its processor's files only
+        tokenizer.chat_template = multimodal.processor_chat_template(folder)
+    return tokenizer
 
 
 def check_vocab(

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import tomllib
 
+from engine import multimodal
 from engine.model import families, layer_shapes
 from engine.model.linear_state import LinearShape
 from engine.model.memory_plan import ModelShape
@@ -45,7 +46,7 @@ def read_model_config(model: str) -> tuple[dict, str]:
     if not config_file.is_file():
         config_file = hub.model_config_file(model, download=False) or Path(model) / "config.json"
     if config_file.is_file():
-        config = families.language_model_config(json.loads(config_file.read_text()))
+        config = multimodal.language_model_config(json.loads(config_file.read_text()))
         refused = families.refusal(config.get("architectures") or [])
         if refused is not None:  # what the load refuses, the plan refuses too
             raise CheckpointError(f"{model}: {refused}")
@@ -55,7 +56,7 @@ def read_model_config(model: str) -> tuple[dict, str]:
         return known[model], f"{KNOWN_SHAPES.name} [{model}]"
     downloaded = hub.model_config_file(model, download=True)
     if downloaded is not None:
-        return families.language_model_config(json.loads(downloaded.read_text())), str(downloaded)
+        return multimodal.language_model_config(json.loads(downloaded.read_text())), str(downloaded)
     if not hub.looks_like_hub_id(model):
         raise CheckpointError(f"{model}: no config.json there; name a model folder, or a hub id (org/name)")
     raise CheckpointError(

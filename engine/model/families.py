@@ -9,8 +9,8 @@ is listed here by the config field that holds it:
   (Gemma's `final_logit_softcapping`) after the head.
 Families transformers ships that the engine cannot run yet are refused with the reason (REFUSED).
 Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) run their linear-attention layers through
-engine.model.linear_attention; Qwen3.5's multimodal checkpoints run as their language model
-(language_model_config).
+engine.model.linear_attention. Multimodal checkpoints of these families (Gemma 3, Mistral 3, Qwen3.5) run
+as their language model (engine.multimodal).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ FAMILIES = (
     Family("Cohere2", ("Cohere2ForCausalLM",), logits_multiplier="logit_scale"),
     Family("SmolLM3", ("SmolLM3ForCausalLM",)),
     Family("Ministral", ("MinistralForCausalLM",)),
+    Family("Ministral 3", ("Ministral3ForCausalLM",)),
     Family("Qwen3-Next", ("Qwen3NextForCausalLM",), linear_attention=True),
     Family("Qwen3.5 (text)", ("Qwen3_5ForCausalLM",), linear_attention=True),
     Family("Qwen3.5-MoE (text)", ("Qwen3_5MoeForCausalLM",), linear_attention=True),
@@ -67,37 +68,11 @@ REFUSED = {  # config.json architecture -> why it cannot run here
                      "RecurrentGemmaForCausalLM", "Zamba2ForCausalLM", "KimiLinearForCausalLM"), LINEAR_ATTENTION),
     **dict.fromkeys(("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
                      "Glm4MoeLiteForCausalLM", "LongcatFlashForCausalLM"), MLA),
-    **dict.fromkeys(("Gemma3ForConditionalGeneration", "Gemma3nForConditionalGeneration", "Mistral3ForConditionalGeneration",
-                     "LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration",
+    **dict.fromkeys(("Gemma3nForConditionalGeneration", "LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration",
                      "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
                      "Qwen3VLMoeForConditionalGeneration", "Llama4ForConditionalGeneration",
                      "Glm4vForConditionalGeneration", "Idefics3ForConditionalGeneration"), MULTIMODAL),
 }
-
-
-# multimodal checkpoints whose language model transformers loads alone as a causal LM (AutoModelForCausalLM
-# maps the composite config to the text model, reads model.language_model.* and skips the vision tower), as
-# every Qwen3.5 checkpoint is published: the engine runs the text model
-LANGUAGE_MODEL_OF = {
-    "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
-    "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM",
-}
-
-
-def language_model_config(config: dict) -> dict:
-    """The config.json fields of the model the engine runs: for a multimodal checkpoint of LANGUAGE_MODEL_OF,
-    its text_config (with the checkpoint's dtype, tying and quantization where the text config has none)
-    under the causal LM's architecture name; any other config as it is."""
-    architectures = config.get("architectures") or []
-    text = config.get("text_config")
-    if not isinstance(text, dict) or not any(arch in LANGUAGE_MODEL_OF for arch in architectures):
-        return config
-    fields = dict(text)
-    for key in ("tie_word_embeddings", "dtype", "torch_dtype", "quantization_config"):
-        if key in config and key not in fields:
-            fields[key] = config[key]
-    fields["architectures"] = [LANGUAGE_MODEL_OF[arch] for arch in architectures if arch in LANGUAGE_MODEL_OF]
-    return fields
 
 
 def supported_names() -> str:

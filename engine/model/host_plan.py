@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import multimodal
 from engine.config import EngineConfig, OffloadConfig
 from engine.offload import host_memory
 from engine.offload.build import plan_resident
@@ -34,9 +35,9 @@ from engine.types import OffloadError
 GB = 10**9
 HOST_MARGIN_BYTES = 2**30  # the interpreter, libraries, tokenizer, allocator slack
 HOST_MARGIN_FRACTION = 0.05
-LAYER_NAME = re.compile(r"^(?:model\.)?(?:language_model\.)?layers\.(\d+)\.")  # Qwen3.5: model.language_model.
-TRANSFORMERS_PREFIXES = ("model.", "lm_head.")
-NOT_LOADED_PREFIXES = ("model.visual.",)  # a multimodal checkpoint's vision tower: its language model runs alone
+# a decoder layer's tensors, also under a multimodal checkpoint's language model (engine.multimodal)
+LAYER_NAME = re.compile(r"^(?:model\.language_model\.|language_model\.model\.|model\.)?layers\.(\d+)\.")
+TRANSFORMERS_PREFIXES = ("model.", "lm_head.", "language_model.")
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,10 @@ def checkpoint_bytes(folder: str, dtype: torch.dtype) -> CheckpointBytes:
     layers: dict[int, int] = {}
     outer = 0
     index = read_index(folder)
-    if any(name.startswith("model.") for name in index):  # transformers' names; a second copy of the
+    if any(name.startswith(TRANSFORMERS_PREFIXES) for name in index):  # transformers' names; a second copy of the
         # weights in the folder under other names (Mistral's consolidated.safetensors) is never loaded
         index = {name: loc for name, loc in index.items()
-                 if name.startswith(TRANSFORMERS_PREFIXES) and not name.startswith(NOT_LOADED_PREFIXES)}
+                 if name.startswith(TRANSFORMERS_PREFIXES) and not name.startswith(multimodal.NOT_LOADED_PREFIXES)}
     for name, location in index.items():
         nbytes = -(-loaded_nbytes(location.nbytes, location.dtype, dtype) // ALIGN) * ALIGN
         match = LAYER_NAME.match(name)

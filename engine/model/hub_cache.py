@@ -58,7 +58,7 @@ def cached_models() -> list[CachedModel]:
         folder = snapshot_with_weights(repo)
         if folder is None:
             continue
-        from engine.model.families import language_model_config
+        from engine.multimodal import language_model_config
 
         config = language_model_config(json.loads((folder / "config.json").read_text()))  # Qwen3.5: its text model
         if supported(config):

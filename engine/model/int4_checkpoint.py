@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine import multimodal
 from engine.model import gptq_int4
 from engine.model.int4_formats import Int4Format
 from engine.types import CheckpointError
@@ -82,10 +83,13 @@ def int4_refusal(fmt: Int4Format, k: int, n: int, compute_device: torch.device) 
     return None
 
 
-def quantized_names(fmt: Int4Format, index: dict) -> list[str]:
-    """Module names of the checkpoint's quantized linear maps (those holding the format's marker tensor)."""
+def quantized_names(fmt: Int4Format, index: dict) -> dict[str, str]:
+    """The checkpoint's quantized linear maps (those holding the format's marker tensor): the model's module
+    name -> the checkpoint's (a multimodal checkpoint's language model prefix; its vision tower left out)."""
     suffix = "." + fmt.marker
-    return sorted(name.removesuffix(suffix) for name in index if name.endswith(suffix))
+    stored = [name.removesuffix(suffix) for name in index
+              if name.endswith(suffix) and not name.startswith(multimodal.NOT_LOADED_PREFIXES)]
+    return dict(sorted((multimodal.model_name(name), name) for name in stored))
 
 
 def read_shapes(folder: str) -> dict[str, tuple[int, ...]]:
@@ -121,9 +125,9 @@ def meta_model(folder: str, dtype: torch.dtype) -> nn.Module:
     """The checkpoint's model on the `meta` device, built as a plain (unquantized) model of its config."""
     from pathlib import Path
 
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
-    config = AutoConfig.from_pretrained(folder)
+    config = multimodal.hf_config(folder)  # a multimodal checkpoint: its text model's
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the maps are replaced here, not by a transformers quantizer
     with torch.device("meta"):
@@ -167,7 +171,8 @@ def load_int4_checkpoint(folder: str, fmt: Int4Format, dtype: torch.dtype, home:
         used = "dequantize" if kernel == "dequantize" or refusals else "int4"
         if refusals:
             log.info("%s layers use the dequantize kernel: %s", fmt.method, refusals[0])
-        replaced = [build_map(model, name, fmt, (reader, shapes), used, dtype, home, compute_device) for name in names]
+        replaced = [build_map(model, name, stored, fmt, (reader, shapes), used, dtype, home, compute_device)
+                    for name, stored in names.items()]
         materialize(model, replaced, reader, home)
         rebuild_rotary(model, home)
         check_no_meta(model, replaced)
@@ -176,15 +181,15 @@ def load_int4_checkpoint(folder: str, fmt: Int4Format, dtype: torch.dtype, home:
     return model, used
 
 
-def build_map(model: nn.Module, name: str, fmt: Int4Format, files: tuple, kernel: str, dtype: torch.dtype,
-              home: torch.device, compute_device: torch.device) -> nn.Module:
-    """The map `name` in `kernel`'s form from its file tensors (files: the reader and the shapes)."""
+def build_map(model: nn.Module, name: str, stored: str, fmt: Int4Format, files: tuple, kernel: str,
+              dtype: torch.dtype, home: torch.device, compute_device: torch.device) -> nn.Module:
+    """The map `name` in `kernel`'s form from its file tensors under `stored` (files: the reader and the shapes)."""
     meta = model.get_submodule(name)
     k, n = meta.in_features, meta.out_features
-    tensors = read_tensors(*files, name, fmt.names)
+    tensors = read_tensors(*files, stored, fmt.names)
     bias = None
     if meta.bias is not None:
-        bias = read_tensors(*files, name, ("bias",))["bias"]  # as stored; cast to the activations per call
+        bias = read_tensors(*files, stored, ("bias",))["bias"]  # as stored; cast to the activations per call
     if kernel == "dequantize":
         module = FilePackedLinear(fmt, k, n, {key: t.to(home) for key, t in tensors.items()},
                                   None if bias is None else bias.to(home))

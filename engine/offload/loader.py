@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+from transformers import AutoModelForCausalLM, GenerationConfig
 
 from engine.config import EngineConfig
+from engine.multimodal import checkpoint_names, hf_config
 from engine.offload.build import open_disk_store, plan_resident
 from engine.offload.disk_store import READ_CHUNK, DiskStore, read_piece
 from engine.offload.layout import LayerBinding, LayerLayout, constant_buffers, layout_of, placeholders
@@ -82,20 +83,12 @@ class CheckpointReader:
 
 def meta_model(folder: str, dtype: torch.dtype) -> nn.Module:
     """The checkpoint's model with every tensor on the `meta` device (config.json, generation config)."""
-    config = AutoConfig.from_pretrained(folder)
+    config = hf_config(folder)  # a multimodal checkpoint: its text model's
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if (Path(folder) / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)
     return model.eval().requires_grad_(False)
-
-
-def checkpoint_names(name: str) -> list[str]:
-    """Names a model tensor may have in a checkpoint: its own, without the base model's prefix, or under a
-    multimodal checkpoint's language model (Qwen3.5)."""
-    if not name.startswith("model."):
-        return [name]
-    return [name, name.removeprefix("model."), "model.language_model." + name.removeprefix("model.")]
 
 
 def materialize(model: nn.Module, skip: list[nn.Module], reader: CheckpointReader, device: torch.device) -> None:

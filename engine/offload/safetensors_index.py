@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from engine import multimodal
+
 DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -90,9 +92,9 @@ def read_index(folder: str) -> dict[str, TensorLocation]:
 
 
 def decoder_prefix(index: dict[str, TensorLocation]) -> str:
-    """Where the decoder layers' tensors live: `model.layers.{i}.`, or in a multimodal checkpoint whose
-    language model runs alone (Qwen3.5) `model.language_model.layers.{i}.`."""
-    return "model.language_model." if any(name.startswith("model.language_model.layers.") for name in index) else "model."
+    """Where the decoder layers' tensors live: `model.layers.{i}.`, or under a multimodal checkpoint's
+    language model (engine.multimodal)."""
+    return multimodal.decoder_prefix(index)
 
 
 def _lookup(index: dict[str, TensorLocation], name: str) -> TensorLocation | None:

@@ -27,6 +27,7 @@ from transformers import (
     Qwen3NextConfig,
     SmolLM3Config,
 )
+from transformers.models.ministral3.configuration_ministral3 import Ministral3Config
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
 
@@ -35,7 +36,7 @@ WINDOW = 5  # sliding window of the families that have one: shorter than every t
 # the families of the README's "supported models", in its order
 FAMILIES = (
     "llama", "mistral", "qwen2", "mixtral", "qwen3", "qwen3_moe", "gemma3", "phi3", "gpt_oss", "glm4",
-    "olmo2", "granite", "cohere2", "smollm3", "ministral", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+    "olmo2", "granite", "cohere2", "smollm3", "ministral", "ministral3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
 )
 HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_text")  # Gated DeltaNet layers between attention layers
 # Gated DeltaNet state at toy sizes, grouped as the hub's (Qwen3-Next: 16 key heads serve 32 value heads);
@@ -111,6 +112,11 @@ def family_config(family: str, common: dict) -> PretrainedConfig:
         return SmolLM3Config(**common, no_rope_layers=[1] * (layers - 1) + [0], use_sliding_window=False)
     if family == "ministral":  # Ministral-8B: interleaved sliding and full layers
         return MinistralConfig(**common, head_dim=head_dim, sliding_window=WINDOW, layer_types=alternating(layers, 2))
+    if family == "ministral3":  # Ministral 3's text model: yarn rotary, queries scaled by position past
+        # original_max_position_embeddings (Llama 4's rule; here 8 positions, so the tests' prompts pass it)
+        return Ministral3Config(**common, head_dim=head_dim, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 1_000_000_000.0, "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 8, "llama_4_scaling_beta": 0.1})
     if family == "qwen3_next":  # 3:1 Gated DeltaNet / gated attention, partial rotary 0.25, MoE with shared expert
         return Qwen3NextConfig(**common, **LINEAR_FIELDS, head_dim=2 * head_dim, layer_types=hybrid(layers),
                                num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden,

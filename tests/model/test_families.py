@@ -94,7 +94,7 @@ REFUSED = [
     ("JambaForCausalLM", "linear-attention hybrid"),
     ("FalconH1ForCausalLM", "linear-attention hybrid"),
     ("DeepseekV3ForCausalLM", "multi-head latent attention"),
-    ("Gemma3ForConditionalGeneration", "multimodal checkpoint"),
+    ("LlavaForConditionalGeneration", "multimodal checkpoint"),
     ("BertForMaskedLM", "not supported"),
 ]
 

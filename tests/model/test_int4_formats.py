@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from engine.config import EngineConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.model import checkpoint, config_shapes, int4_formats
@@ -167,6 +169,38 @@ def test_a_4bit_draft(checkpoints) -> None:
     """An AWQ draft beside the fp32 target: the output is the target's."""
     want = reference_greedy(checkpoint.load_model(str(checkpoints["fp32"]), torch.float32), PROMPT, 24)
     got, _ = engine_greedy(checkpoints["fp32"], checkpoints["awq"], "auto", None)
+    assert got == want
+
+
+def as_multimodal_release(folder: Path, out: Path) -> Path:
+    """The 4-bit checkpoint in `folder` as a multimodal release of its model: config under text_config of a
+    Mistral3ForConditionalGeneration, tensors under language_model.model.* / language_model.lm_head.*, and a
+    (quantized-looking) vision tower beside them that must stay unread."""
+    shutil.copytree(folder, out)
+    text = json.loads((folder / "config.json").read_text())
+    quant = text.pop("quantization_config")
+    config = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3", "text_config": text,
+              "vision_config": {"model_type": "pixtral"}, "quantization_config": quant, "dtype": text["dtype"]}
+    (out / "config.json").write_text(json.dumps(config))
+    state = load_file(str(out / "model.safetensors"))
+    renamed = {("language_model." + name if name.startswith(("model.", "lm_head.")) else name): value
+               for name, value in state.items()}
+    marker = next(name for name in state if name.endswith((".qweight", ".weight_packed")))
+    renamed["vision_tower.transformer.layers.0.attention.q_proj." + marker.rpartition(".")[2]] = state[marker].clone()
+    save_file(renamed, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.parametrize(("fmt", "kernel", "offload"), [("awq", "dequantize", None), ("ct-asym", "int4", "ram")])
+def test_a_multimodal_release_runs_as_its_language_model(checkpoints, tmp_path, fmt, kernel, offload) -> None:
+    """Gemma 3, Mistral Small 3.x and Qwen3.5 4-bit releases keep the language model under a prefix. The
+    reference: the test's own dequantized model, or (int4's arithmetic) the text-only checkpoint alone."""
+    if kernel == "dequantize":
+        want = reference_greedy(dequantized_model(checkpoints[fmt], checkpoints["fp32"]), PROMPT, 24)
+    else:
+        want = reference_greedy(checkpoint.load_model(str(checkpoints[fmt]), torch.float32, gptq_kernel="int4"), PROMPT, 24)
+    release = as_multimodal_release(checkpoints[fmt], tmp_path / "release")
+    got, _ = engine_greedy(release, checkpoints["draft"], kernel, offload)
     assert got == want
 
 
