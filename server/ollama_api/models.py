@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from engine.multimodal import language_model_config
 from server.errors import APIError
 from server.state import ServerState
 
@@ -63,7 +64,7 @@ def served_id(state: ServerState, name: str | None) -> str | None:
 def model_facts(target: str) -> ModelFacts:
     folder = Path(target)
     try:
-        config = json.loads((folder / "config.json").read_text())
+        config = language_model_config(json.loads((folder / "config.json").read_text()))  # multimodal: the text model's
         weights = sorted(folder.glob("*.safetensors"))
         size = sum(path.stat().st_size for path in weights)
         mtime = max((path.stat().st_mtime for path in weights), default=0.0)

@@ -191,3 +191,15 @@ def test_a_failing_generation_ends_the_stream_with_an_error_line(fake_server) ->
     assert whole.status_code == 500 and list(whole.json()) == ["error"]
     srv.engine.fail_with = None
     assert post(srv, "/api/chat", {"messages": USER, "stream": False}).json()["message"]["content"] == "Hi."
+
+
+def test_a_multimodal_release_is_described_by_its_language_model(tmp_path) -> None:
+    """/api/show's family and sizes of a Gemma 3 / Mistral 3 / Qwen3.5 release come from its text_config."""
+    from server.ollama_api.models import model_facts
+
+    text = {"model_type": "gemma3_text", "hidden_size": 5376, "num_hidden_layers": 62}
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForConditionalGeneration"],
+                                                      "model_type": "gemma3", "text_config": text}))
+    facts = model_facts(str(tmp_path))
+    assert facts.family == "gemma3_text"
+    assert (facts.config["hidden_size"], facts.config["num_hidden_layers"]) == (5376, 62)
