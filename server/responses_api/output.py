@@ -1,10 +1,11 @@
 """Responses API output: the `response` object, its output items, and the stream events that build them.
 
 `OutputItems` turns one generation's deltas (content, or tool-call entries: server/toolcalls/output.py)
-into output items, `message` (one `output_text` part) and `function_call`, in the order the model
-wrote them, and into the typed events OpenAI's SDKs parse: `response.output_item.added`,
-`response.content_part.added`, `response.output_text.delta`, `response.output_text.done`,
-`response.content_part.done`, `response.function_call_arguments.delta` / `.done`,
+into output items, `message` (one `output_text` part), `function_call` and `custom_tool_call` (a call
+of a custom tool: server/responses_api/custom_tools.py), in the order the model wrote them, and into the
+typed events OpenAI's SDKs parse: `response.output_item.added`, `response.content_part.added`,
+`response.output_text.delta`, `response.output_text.done`, `response.content_part.done`,
+`response.function_call_arguments.delta` / `.done` (`response.custom_tool_call_input.delta` / `.done`),
 `response.output_item.done`. The same object serves whole responses (its events unused).
 """
 
@@ -15,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.responses_api.custom_tools import InputReader
 from server.toolcalls.output import Delta
 
 Event = tuple[str, dict[str, Any]]  # (type, fields besides type and sequence_number)
@@ -38,11 +40,18 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str
             "arguments": arguments}
 
 
+def custom_call_item(item_id: str, call_id: str, name: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "custom_tool_call", "status": status, "call_id": call_id, "name": name,
+            "input": text}
+
+
 class OutputItems:
-    def __init__(self) -> None:
+    def __init__(self, custom_names: frozenset[str] = frozenset()) -> None:
         self.items: list[dict[str, Any]] = []
         self._text: list[str] | None = None  # the open message's text
         self._call_items: dict[int, int] = {}  # tool-call index -> output index
+        self._custom_names = custom_names  # calls of these tools are custom_tool_call items
+        self._inputs: dict[int, tuple[InputReader, list[str]]] = {}  # output index -> (reader, arguments so far)
 
     def feed(self, delta: Delta) -> list[Event]:
         """Events of one delta; an item is done (its `.done` events sent) before the next one is added."""
@@ -55,15 +64,33 @@ class OutputItems:
             events += self._close_calls()
             index = len(self.items)
             self._call_items[entry["index"]] = index
-            self.items.append(call_item(new_id("fc"), entry["id"], entry["function"]["name"], "", "in_progress"))
+            self.items.append(self._call_item(index, entry["id"], entry["function"]["name"]))
             events.append(("response.output_item.added", {"output_index": index, "item": dict(self.items[index])}))
             return events
         index = self._call_items[entry["index"]]
-        item = self.items[index]
-        item["arguments"] += entry["function"]["arguments"]
+        item, fragment = self.items[index], entry["function"]["arguments"]
+        if index in self._inputs:
+            reader, arguments = self._inputs[index]
+            arguments.append(fragment)
+            return events + self._input_delta(index, reader.feed(fragment))
+        item["arguments"] += fragment
         events.append(("response.function_call_arguments.delta",
-                       {"item_id": item["id"], "output_index": index, "delta": entry["function"]["arguments"]}))
+                       {"item_id": item["id"], "output_index": index, "delta": fragment}))
         return events
+
+    def _call_item(self, index: int, call_id: str, name: str) -> dict[str, Any]:
+        if name not in self._custom_names:
+            return call_item(new_id("fc"), call_id, name, "", "in_progress")
+        self._inputs[index] = (InputReader(), [])
+        return custom_call_item(new_id("ctc"), call_id, name, "", "in_progress")
+
+    def _input_delta(self, index: int, text: str) -> list[Event]:
+        if not text:
+            return []
+        item = self.items[index]
+        item["input"] += text
+        return [("response.custom_tool_call_input.delta", {"item_id": item["id"], "output_index": index,
+                                                            "delta": text})]
 
     def close(self, status: str) -> list[Event]:
         """End of output (`status`: "completed" or "incomplete"): close what is open; a response always
@@ -81,12 +108,25 @@ class OutputItems:
             item = self.items[index]
             if item["status"] != "in_progress":
                 continue
+            if index in self._inputs:
+                events += self._close_input(index)
+            else:
+                events.append(("response.function_call_arguments.done",
+                               {"item_id": item["id"], "output_index": index, "name": item["name"],
+                                "arguments": item["arguments"]}))
             item["status"] = "completed"
-            events.append(("response.function_call_arguments.done", {"item_id": item["id"], "output_index": index,
-                                                                     "name": item["name"],
-                                                                     "arguments": item["arguments"]}))
             events.append(("response.output_item.done", {"output_index": index, "item": dict(item)}))
         return events
+
+    def _close_input(self, index: int) -> list[Event]:
+        """A custom call's input is whole: what its arguments hold beyond what was sent is sent first."""
+        reader, arguments = self._inputs[index]
+        item, whole = self.items[index], reader.finish("".join(arguments))
+        sent = item["input"]
+        events = self._input_delta(index, whole[len(sent):]) if whole.startswith(sent) else []
+        item["input"] = whole
+        return events + [("response.custom_tool_call_input.done",
+                          {"item_id": item["id"], "output_index": index, "input": whole})]
 
     def _content(self, text: str) -> list[Event]:
         events: list[Event] = []

@@ -1,10 +1,11 @@
 """A `POST /v1/responses` body -> a chat completion request over the same engine path.
 
 Fields (OpenAI's Responses API): `model`, `input` (a string, or items: messages with text content,
-`function_call`, `function_call_output`, `item_reference`; `reasoning` items are skipped),
-`instructions` (a system message first), `max_output_tokens`, `temperature`, `top_p`, `tools`
-(function tools; other tool types, such as Codex's `namespace`, `web_search`, `image_generation` and
-`custom`, are left out, each type logged once), `tool_choice`, `parallel_tool_calls`, `text.format`
+`function_call`, `function_call_output`, `custom_tool_call`, `custom_tool_call_output`, `item_reference`;
+`reasoning` items are skipped), `instructions` (a system message first), `max_output_tokens`, `temperature`,
+`top_p`, `tools` (function tools, and custom tools as functions taking one string:
+server/responses_api/custom_tools.py; other tool types, such as Codex's `namespace`, `web_search` and
+`image_generation`, are left out, each type logged once), `tool_choice`, `parallel_tool_calls`, `text.format`
 (text, json_object, json_schema), `stream`, `store`, `previous_response_id`, `metadata`, `user`; our
 extras `seed`, `top_k`, `min_p`, `stop`. Unknown fields (`include`, `reasoning`, `prompt_cache_key`,
 ...) are ignored; `background: true` is a 400.
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
 from server.protocol import ChatCompletionRequest, check_supported, error_param
+from server.responses_api.custom_tools import call_arguments, custom_function
 from server.responses_api.store import MAX_ITEMS
 
 log = logging.getLogger("specexec.server")
@@ -48,8 +50,10 @@ class TextConfig(_Model):
     format: TextFormat | None = None
 
 
-class NamedFunction(_Model):
-    type: Literal["function"]
+class NamedTool(_Model):
+    """A named tool_choice: a function tool's, or a custom tool's (forced as its function is)."""
+
+    type: Literal["function", "custom"]
     name: str
 
 
@@ -61,7 +65,7 @@ class ResponsesRequest(_Model):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
     tools: list[Item] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     stream: bool | None = False
@@ -77,9 +81,13 @@ class ResponsesRequest(_Model):
     stop: str | list[str] | None = None
 
     def function_tools(self) -> list[Item]:
-        """The function tools as chat's `{"type": "function", "function": {...}}`; other types are left out."""
+        """The function and custom tools as chat's `{"type": "function", "function": {...}}`; other types
+        are left out."""
         out = []
         for i, tool in enumerate(self.tools or []):
+            if tool.get("type") == "custom":
+                out.append(custom_function(tool, i))
+                continue
             if tool.get("type") != "function":
                 _ignore_tool_type(str(tool.get("type")))
                 continue
@@ -88,6 +96,10 @@ class ResponsesRequest(_Model):
             out.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters",
                                                                               "strict") if tool.get(k) is not None}})
         return out
+
+    def custom_tool_names(self) -> frozenset[str]:
+        """The names of the custom tools: the model's calls to them are custom_tool_call items."""
+        return frozenset(str(tool.get("name")) for tool in self.tools or [] if tool.get("type") == "custom")
 
     def response_format(self) -> Item | None:
         fmt = self.text.format if self.text is not None else None
@@ -98,14 +110,14 @@ class ResponsesRequest(_Model):
 
 
 def _ignore_tool_type(kind: str) -> None:
-    """Codex sends tools of types only OpenAI's servers run (web_search, image_generation) or that have no JSON
-    schema (namespace, custom): they are not offered to the model."""
+    """Codex sends tools of types only OpenAI's servers run (web_search, image_generation) or that group
+    others (namespace): they are not offered to the model."""
     if kind not in _ignored_tool_types:
         _ignored_tool_types.add(kind)
         log.info("/v1/responses: tools of type %r are left out (only function tools are served)", kind)
 
 
-FIELDS = {name for cls in (ResponsesRequest, TextConfig, TextFormat, NamedFunction) for name in cls.model_fields} | {
+FIELDS = {name for cls in (ResponsesRequest, TextConfig, TextFormat, NamedTool) for name in cls.model_fields} | {
     "schema"}
 
 
@@ -147,7 +159,7 @@ def chat_request(request: ResponsesRequest, items: list[Item], lookup: Callable[
         "top_k": request.top_k, "min_p": request.min_p, "stop": request.stop,
     }
     choice = request.tool_choice
-    body["tool_choice"] = {"type": "function", "function": {"name": choice.name}} if isinstance(choice, NamedFunction) \
+    body["tool_choice"] = {"type": "function", "function": {"name": choice.name}} if isinstance(choice, NamedTool) \
         else choice
     try:
         chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
@@ -161,8 +173,8 @@ def chat_request(request: ResponsesRequest, items: list[Item], lookup: Callable[
 
 
 def chat_messages(items: list[Item], lookup: Callable[[str], Item | None]) -> list[Item]:
-    """Response items -> chat messages: a function_call joins the assistant message before it (or
-    starts one), a function_call_output is a tool message."""
+    """Response items -> chat messages: a function_call (or custom_tool_call) joins the assistant message
+    before it (or starts one), a function_call_output (or custom_tool_call_output) is a tool message."""
     messages: list[Item] = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
@@ -178,15 +190,17 @@ def chat_messages(items: list[Item], lookup: Callable[[str], Item | None]) -> li
             if role is None:
                 raise invalid_request(f"Unknown role {item.get('role')!r}.", f"input[{i}].role", "invalid_value")
             messages.append({"role": role, "content": _text(item.get("content"), f"input[{i}].content")})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            arguments = (item.get("arguments") or "{}") if kind == "function_call" else call_arguments(
+                _text(item.get("input"), f"input[{i}].input"))
             call = {"id": _field(item, "call_id", i), "type": "function",
-                    "function": {"name": _field(item, "name", i), "arguments": item.get("arguments") or "{}"}}
+                    "function": {"name": _field(item, "name", i), "arguments": arguments}}
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": None}
                 messages.append(last)
             last.setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append({"role": "tool", "tool_call_id": _field(item, "call_id", i),
                              "content": _text(item.get("output"), f"input[{i}].output")})
         elif kind != "reasoning":

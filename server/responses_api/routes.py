@@ -83,13 +83,14 @@ async def _create(request: Request, state: ServerState) -> Response:
         async def on_close(message: Any) -> None:
             gen.cancel()
 
-        return EventSourceResponse(_events(gen, head, saved), sep="\n", ping=config.ping_seconds,
+        events = _events(gen, head, saved, req.custom_tool_names())
+        return EventSourceResponse(events, sep="\n", ping=config.ping_seconds,
                                    ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
                                    client_close_handler_callable=on_close, headers={"x-request-id": head.id})
     texts = await collect_texts(request, gens, head.id)
     if texts is None:
         return Response(status_code=499)
-    items = OutputItems()
+    items = OutputItems(req.custom_tool_names())
     for delta in _deltas(gen, texts[0]) + _finish_deltas(gen):
         items.feed(delta)
     incomplete = _incomplete(gen)
@@ -151,12 +152,13 @@ def _with_id(item: dict[str, Any]) -> dict[str, Any]:
     """An input item with an id (for item_reference and the input_items list)."""
     if "id" in item or item.get("type") == "item_reference":
         return item
-    prefix = {"function_call": "fc", "function_call_output": "fco"}.get(item.get("type", "message"), "msg")
+    prefix = {"function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc",
+              "custom_tool_call_output": "ctco"}.get(item.get("type", "message"), "msg")
     return {"id": new_id(prefix), "type": "message"} | item
 
 
-async def _events(gen: Generation, head: ResponseHead,
-                  saved: tuple[ResponseStore, PendingResponse] | None) -> AsyncIterator[ServerSentEvent]:
+async def _events(gen: Generation, head: ResponseHead, saved: tuple[ResponseStore, PendingResponse] | None,
+                  custom_names: frozenset[str]) -> AsyncIterator[ServerSentEvent]:
     numbers = itertools.count()
 
     def event(kind: str, fields: dict[str, Any]) -> ServerSentEvent:
@@ -165,7 +167,7 @@ async def _events(gen: Generation, head: ResponseHead,
 
     yield event("response.created", {"response": head.body("in_progress", [])})
     yield event("response.in_progress", {"response": head.body("in_progress", [])})
-    items = OutputItems()
+    items = OutputItems(custom_names)
     try:
         async for piece in gen.pieces():
             for delta in _deltas(gen, piece):

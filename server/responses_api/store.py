@@ -31,6 +31,8 @@ STORED_FIELDS: dict[str, tuple[str, ...]] = {
     "message": ("id", "type", "role", "content", "status"),
     "function_call": ("id", "type", "call_id", "name", "arguments", "status"),
     "function_call_output": ("id", "type", "call_id", "output", "status"),
+    "custom_tool_call": ("id", "type", "call_id", "name", "input", "status"),
+    "custom_tool_call_output": ("id", "type", "call_id", "output", "status"),
     "item_reference": ("id", "type"),
     "reasoning": ("id", "type", "summary"),
 }
