@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engine.cli import add_engine_arguments, engine_config_from_args
 from engine.config import SELF_DRAFT, EngineConfig, engine_config_from, read_config_file
-from engine.model import config_shapes, host_plan, memory_plan, plan_estimate, self_draft_fit
+from engine.model import config_shapes, host_plan, memory_plan, plan_estimate, self_draft_fit, self_draft_plan
 from engine.model.pair_plan import CUDA_CONTEXT_BYTES, GB, PairPlan, alternatives, load_dtype, plan_pair
 
 MB = 10**6
@@ -158,7 +158,8 @@ def with_draft(config: EngineConfig, total_bytes: int) -> EngineConfig:
 
 def with_known_draft(config: EngineConfig, say: bool = True) -> EngineConfig:
     """A target named without a draft plans with the draft models.toml names for it (one of its token
-    ids); a target with none plans without speculation. `say`: which, on stdout."""
+    ids); a streamed target with none, with its own layers in 4-bit (--draft self) where it can have them,
+    as `--draft auto` would choose; else without speculation. `say`: which, on stdout."""
     if config.model.draft or config.speculation.method == "autoregressive":
         return config
     target, _ = config_shapes.read_model_config(config.model.target)
@@ -167,6 +168,11 @@ def with_known_draft(config: EngineConfig, say: bool = True) -> EngineConfig:
         if say:
             print(f"draft: {draft} ({config_shapes.KNOWN_SHAPES.name}'s draft for the target: it shares its token ids)")
         return config.replace("model", draft=draft)
+    if config.offload.enabled and self_draft_plan.target_refusal(target) is None:
+        if say:
+            print("draft: the target's own layers in 4-bit (--draft self: no other model is known to share its "
+                  "token ids)")
+        return config.replace("model", draft=SELF_DRAFT)
     if say:
         print("no draft given and none known to share the target's token ids: planned without speculation "
               "(--method autoregressive)")

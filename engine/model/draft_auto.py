@@ -8,8 +8,10 @@ largest candidate that fits beside the target (engine.model.pair_plan on this de
 memory, else the host's available memory at the CPU's float32) and whose tokenizer has the target's
 vocabulary (the same id for every token) and the same special tokens is chosen. Tokenizers are
 compared, not names: a known model not in the cache has its tokenizer files downloaded for the
-check (never offline), and its weights only if it is chosen. None fitting raises CheckpointError
-listing every candidate and why it was passed over.
+check (never offline), and its weights only if it is chosen. When none fits and the target streams
+(offload), the target's own layers in 4-bit are the draft (`--draft self`, engine.model.self_draft) if
+that fits; else CheckpointError listing every candidate and why it was passed over. (A resident target
+gets no self-draft by default: its 4-bit copy's forwards are not much cheaper than its own.)
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import EngineConfig
-from engine.model import config_shapes, hub, hub_cache
+from engine.config import SELF_DRAFT, EngineConfig
+from engine.model import config_shapes, hub, hub_cache, self_draft_plan
 from engine.types import CheckpointError, ConfigError
 
 GB = 10**9
@@ -130,11 +132,29 @@ def choose_draft(config: EngineConfig, target_id: str, device_bytes: int, device
             why += "; passed over: " + "; ".join(f"{c.repo_id}: {c.why_not}" for c in passed)
         return folder, why
     listed = "; ".join(f"{c.repo_id}: {c.why_not or 'not checked'}" for c in found) or "none (the cache holds no smaller model)"
+    self_draft = Candidate("the target's own layers in 4-bit (--draft self)", SELF_DRAFT, {}, True)
+    check_self_draft(config, self_draft, device_bytes)
+    if not self_draft.why_not:
+        return SELF_DRAFT, (f"--draft auto: the target's own layers in 4-bit (--draft self: no other model shares its "
+                            f"tokens and fits beside it on {device_label}; {self_draft.plan_gb:.2f} GB planned); "
+                            f"candidates: {listed}")
     hint = "" if config.offload.enabled else " (the target is resident: --offload streams its layers)"
     raise CheckpointError(
         f"--draft auto: no draft shares {target_id}'s tokens and fits beside it on {device_label}{hint}; "
-        f"candidates: {listed}. Name a draft with --draft (a folder or hub id), or run without one "
-        "(--method autoregressive)")
+        f"candidates: {listed}; {self_draft.repo_id}: {self_draft.why_not}. Name a draft with --draft (a folder "
+        "or hub id), or run without one (--method autoregressive)")
+
+
+def check_self_draft(config: EngineConfig, candidate: Candidate, device_bytes: int) -> None:
+    """Whether the self-draft may be chosen: a streamed target that can have one, and the plan fits."""
+    if not config.offload.enabled:
+        candidate.why_not = "not chosen for a resident target"
+        return
+    why = self_draft_plan.target_refusal(config_shapes.read_model_config(config.model.target)[0])
+    if why is not None:
+        candidate.why_not = why
+        return
+    check_fit(config, candidate, device_bytes)
 
 
 def on_device(config: EngineConfig) -> tuple[int, str, bool]:

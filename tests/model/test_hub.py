@@ -209,3 +209,20 @@ def test_plan_names_models_by_id(models, cache, capsys) -> None:
     assert "specexec: --draft auto: org/tiny-small (in the cache;" in captured.err
     assert main(["plan", "--target", "org/nowhere", "--method", "autoregressive", "--gpu-memory-total", "2"]) == 2
     assert "org/nowhere: not in the Hugging Face cache, not among the known shapes" in capsys.readouterr().err
+
+
+def test_draft_auto_falls_back_to_the_self_draft_for_a_streamed_target(models, cache) -> None:
+    """No cached or known model shares the target's tokens: a streamed target drafts with its own layers in
+    4-bit where that fits; a resident one, or one where it does not fit, is refused with the reason."""
+    from engine.config import SELF_DRAFT
+
+    snapshots = cache_all(cache, {k: v for k, v in models.items() if k not in ("org/tiny-small", "org/tiny-draft")})
+    streamed = config_for(snapshots["org/tiny"]).replace("offload", enabled=True)
+    folder, why = draft_auto.choose_draft(streamed, "org/tiny", 10 * GB, "a test GPU")
+    assert folder == SELF_DRAFT
+    assert why.startswith("--draft auto: the target's own layers in 4-bit (--draft self: no other model shares its tokens")
+    assert "org/other-vocab: another vocabulary" in why
+    with pytest.raises(CheckpointError, match="the target's own layers in 4-bit \\(--draft self\\): not chosen for a resident target"):
+        draft_auto.choose_draft(config_for(snapshots["org/tiny"]), "org/tiny", 10 * GB, "a test GPU")
+    with pytest.raises(CheckpointError, match="the target's own layers in 4-bit \\(--draft self\\): does not fit beside"):
+        draft_auto.choose_draft(streamed, "org/tiny", 2 * 10**6, "a 2 MB GPU")
