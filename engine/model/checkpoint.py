@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from transformers.utils import logging as hf_logging
 
 from engine import multimodal
-from engine.model import families, gptq, int4_formats
+from engine.model import families, gptq, int4_formats, mxfp4
 from engine.types import CheckpointError, ConfigError, VocabMismatchError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -92,12 +92,17 @@ def load_model(
         home = torch.device(device)
         model, _ = load_int4_checkpoint(path, packed, dtype, home, gptq_kernel, torch.device(compute_device or device))
         return model.to(device).eval().requires_grad_(False)
-    quantized = gptq.quant_method(config) is not None
+    dequantized = mxfp4.is_mxfp4(config)  # GPT-OSS's MXFP4 experts: dequantized by transformers as it loads
+    quantized = gptq.quant_method(config) is not None and not dequantized
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
         extra = gptq.load_kwargs(config) if quantized else {}
+        if dequantized:
+            from transformers import Mxfp4Config
+
+            extra["quantization_config"] = Mxfp4Config(dequantize=True)  # works without triton or kernels
         with warnings.catch_warnings():
             # our GPTQConfig only picks the kernel; transformers warns that it merges it into the checkpoint's
             warnings.filterwarnings("ignore", message="You passed `quantization_config`", category=UserWarning)

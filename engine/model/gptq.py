@@ -36,12 +36,14 @@ from functools import partial
 import torch
 from torch import nn
 
+from engine.model import mxfp4
 from engine.types import CheckpointError, ConfigError
 
 log = logging.getLogger("specexec.engine")
 
 SUPPORTED_METHODS = ("gptq",)  # through transformers and the gptq extra
-OTHER_METHODS = ("awq (4-bit GEMM)", "compressed-tensors (pack-quantized W4A16)")  # engine.model.int4_checkpoint
+OTHER_METHODS = ("awq (4-bit GEMM)", "compressed-tensors (pack-quantized W4A16)",  # engine.model.int4_checkpoint
+                 "mxfp4 (GPT-OSS's experts, dequantized at load)")  # engine.model.mxfp4
 GPTQ_MODULES = ("optimum", "gptqmodel")  # transformers' GPTQ path needs both
 GPTQ_PIP = "pip install 'specexec-server[gptq]'"
 GPTQ_PIP_SOURCE = "pip install -e '.[gptq]'"
@@ -56,6 +58,12 @@ def quant_method(config: dict) -> str | None:
     return str(quant.get("quant_method") or "unknown").lower()
 
 
+def streams_as_plain(config: dict) -> bool:
+    """Whether an offloaded target of this config.json streams tensor by tensor from its files
+    (engine.offload.loader): a plain checkpoint, or MXFP4 experts dequantized as they are read."""
+    return quant_method(config) in (None, mxfp4.METHOD)
+
+
 def missing_modules() -> list[str]:
     """The gptq extra's modules this install lacks."""
     return [name for name in GPTQ_MODULES if importlib.util.find_spec(name) is None]
@@ -67,7 +75,7 @@ def check_loadable(path: str, config: dict) -> None:
     from engine.model import int4_formats
 
     method = quant_method(config)
-    if method is None:
+    if method is None or method == mxfp4.METHOD:  # GPT-OSS's experts, dequantized at load (engine.model.mxfp4)
         return
     try:
         if int4_formats.format_of(config) is not None:
@@ -75,10 +83,9 @@ def check_loadable(path: str, config: dict) -> None:
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
     if method not in SUPPORTED_METHODS:
-        hint = "; GPT-OSS runs from bf16 weights (a bf16 copy of the checkpoint)" if method == "mxfp4" else ""
         raise CheckpointError(
             f"{path}: quantization method {method!r} is not supported; supported: "
-            f"{', '.join((*SUPPORTED_METHODS, *OTHER_METHODS))}{hint}"
+            f"{', '.join((*SUPPORTED_METHODS, *OTHER_METHODS))}"
         )
     missing = missing_modules()
     if missing:

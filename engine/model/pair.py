@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from engine.config import EngineConfig, LimitsConfig
-from engine.model import checkpoint, gptq, host_plan
+from engine.model import checkpoint, gptq, host_plan, mxfp4
 from engine.model.runner import DecoderRunner
 from engine.model.self_draft import SELF, build_self_draft
 from engine.model.self_draft_plan import target_refusal
@@ -48,6 +48,7 @@ def load_pair(config: EngineConfig) -> LoadedPair:
     device = checkpoint.resolve_device(model_cfg.device)
     target_config = checkpoint.read_config(model_cfg.target)
     limit = max_context_for(config.limits, target_config, model_cfg.target)  # before any weights load
+    check_offload_source(config, target_config)
     dtype = checkpoint.resolve_dtype(model_cfg.dtype, device, target_config)
     tokenizer = checkpoint.load_tokenizer(model_cfg.target)
     needs_draft = config.speculation.method != "autoregressive"
@@ -83,7 +84,7 @@ def check_host_memory(
 ) -> bool:
     """Check the load's host memory from the checkpoints' headers (host_plan), before any weights load.
     Returns whether the target streams tensor by tensor into its store (an offloaded plain safetensors
-    checkpoint; GPTQ checkpoints load through transformers)."""
+    checkpoint or GPT-OSS's MXFP4 one; GPTQ checkpoints load through transformers)."""
     model_cfg = config.model
     try:
         target = host_plan.checkpoint_bytes(model_cfg.target, dtype)
@@ -96,10 +97,18 @@ def check_host_memory(
     except FileNotFoundError as exc:  # no *.safetensors: transformers loads other formats, unchecked
         log.warning("host memory not checked before loading: %s", exc)
         return False
-    streaming = config.offload.enabled and gptq.quant_method(target_config) is None
+    streaming = config.offload.enabled and gptq.streams_as_plain(target_config)
     need = host_plan.check_host_memory_before_loading(config, device.type == "cpu", target, draft, streaming)
     log.info("host memory for loading: %.2f GB (checked before loading)", need / host_plan.GB)
     return streaming
+
+
+def check_offload_source(config: EngineConfig, target_config: dict) -> None:
+    """Refuse an offload source that cannot stream the target (an MXFP4 checkpoint from disk), before any
+    weights load."""
+    refused = mxfp4.disk_refusal(target_config, config.offload)
+    if refused is not None:
+        raise ConfigError("offload.source", f"{config.model.target}: {refused}")
 
 
 def check_self_draft(config: EngineConfig, target_config: dict) -> None:

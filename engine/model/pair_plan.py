@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from engine.config import SELF_DRAFT, EngineConfig
 from engine.model import config_shapes, gptq_int4, memory, memory_plan, self_draft_plan
-from engine.model.pair import max_context_for
+from engine.model.pair import check_offload_source, max_context_for
 from engine.offload.build import plan_resident
 from engine.speculation.budget import BudgetTracker
 from engine.speculation.sampling import logits_workspace_bytes
@@ -74,6 +74,7 @@ def scratch_bytes_per_weight(kernel: str) -> int:
 def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
     """The startup plan of `config` on a CUDA device of `total_bytes` (module doc)."""
     target_cfg, target_source = config_shapes.read_model_config(config.model.target)
+    check_offload_source(config, target_cfg)  # what the load refuses (MXFP4 from disk), the plan refuses too
     needs_draft = config.speculation.method != "autoregressive"
     self_draft = needs_draft and config.model.draft == SELF_DRAFT
     if self_draft:

@@ -115,7 +115,7 @@ def host_ram(result: PairPlan) -> tuple[int, list[tuple[str, int]]]:
     target, draft = result.weights
     checkpoint = host_plan.CheckpointBytes(tuple(target.layers), target.outer)
     target_cfg, _ = config_shapes.read_model_config(config.model.target)
-    streaming = config.offload.enabled and gptq.quant_method(target_cfg) is None
+    streaming = config.offload.enabled and gptq.streams_as_plain(target_cfg)
     on_host = draft.total if draft and config.model.draft != SELF_DRAFT else 0  # a self-draft is made on the device
     items = host_plan.host_items(resident_offload(result), False, checkpoint, on_host, streaming)
     need = sum(nbytes for _, nbytes in items)

@@ -1,7 +1,8 @@
 """What a load would find wrong with a pair, found before any weights load, each answered in one line
 saying what to do (CheckpointError / ConfigError): a device this torch or machine lacks, a folder that
 holds no model (no config.json, an unsupported architecture, no weights), a draft whose token ids differ
-from the target's, a max_context past the target's trained positions.
+from the target's, a max_context past the target's trained positions, an offload source that cannot
+stream the target (an MXFP4 checkpoint from disk).
 
     check_pair(config)  # `specexec serve` and `generate`, after the hub ids are resolved to folders
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from engine.config import SELF_DRAFT, EngineConfig
 from engine.model import checkpoint, hub
-from engine.model.pair import check_self_draft, max_context_for
+from engine.model.pair import check_offload_source, check_self_draft, max_context_for
 from engine.types import CheckpointError
 
 
@@ -24,6 +25,7 @@ def check_pair(config: EngineConfig) -> None:
     checkpoint.resolve_device(model.device)
     target_config = check_model_folder(model.target, "--target")
     max_context_for(config.limits, target_config, model.target)
+    check_offload_source(config, target_config)
     method = config.speculation.method
     if method == "autoregressive":
         return

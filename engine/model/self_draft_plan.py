@@ -20,7 +20,7 @@ SOURCE = "the target's own layers: 4-bit copies of the streamed ones, the rest s
 
 def target_refusal(target_config: dict) -> str | None:
     """Why the target (its config.json) cannot have a self-draft, from its config alone, or None."""
-    if gptq.quant_method(target_config) is not None or int4_formats.format_of(target_config) is not None:
+    if not gptq.streams_as_plain(target_config) or int4_formats.format_of(target_config) is not None:
         return ("the target is already quantized (a 4-bit target streams packed; its 4-bit copy would be "
                 "the target itself: keep more of it resident instead)")
     experts = target_config.get("num_local_experts") or target_config.get("num_experts") or 1

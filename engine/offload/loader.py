@@ -11,7 +11,8 @@ ring and one chunk: `from_pretrained`'s transient copy of the whole model never 
 Mixtral checkpoint, all of a bf16 checkpoint loaded as fp16, before this; docs/bench/load.md).
 
 Reads follow the disk tier's plan (safetensors_index.plan_pieces): Mixtral's per-expert tensors
-fused, dtype conversion, sharded files. Rotary tables are rebuilt (they are in no checkpoint); a
+fused, dtype conversion, sharded files; GPT-OSS's MXFP4-packed experts are dequantized as they are
+read (engine.model.mxfp4). Rotary tables are rebuilt (they are in no checkpoint); a
 model with any other tensor that is in no checkpoint is refused. GPTQ checkpoints load through
 transformers (engine.model.gptq); drafts and resident targets too.
 """
@@ -26,6 +27,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from engine.config import EngineConfig
+from engine.model import mxfp4
 from engine.multimodal import checkpoint_names, hf_config
 from engine.offload.build import open_disk_store, plan_resident
 from engine.offload.disk_store import READ_CHUNK, DiskStore, read_piece
@@ -52,6 +54,15 @@ class CheckpointReader:
         """Fill `dst` from the first of `names` the checkpoint has (or, with `flat` and `offset`, the
         bytes of `flat` (flat uint8) from `offset` on, which `dst` only describes)."""
         for name in names:
+            packed = mxfp4.packed_names(self.index, name)
+            if packed is not None:  # GPT-OSS's MXFP4 experts: dequantized where they land
+                if flat is not None:  # dst only describes the tensor at `offset` of `flat`
+                    dst = flat[offset : offset + dst.numel() * dst.element_size()].view(dst.dtype).view(dst.shape)
+                try:
+                    mxfp4.read_dequantized(self._fd, *(self.index[n] for n in packed), dst, self.evict)
+                except ValueError as exc:
+                    raise CheckpointError(f"{self.folder}: {name}: {exc}") from exc
+                return
             try:
                 pieces = plan_pieces(self.index, name, tuple(dst.shape), dst.dtype, offset)
             except ValueError as exc:
@@ -84,6 +95,8 @@ class CheckpointReader:
 def meta_model(folder: str, dtype: torch.dtype) -> nn.Module:
     """The checkpoint's model with every tensor on the `meta` device (config.json, generation config)."""
     config = hf_config(folder)  # a multimodal checkpoint: its text model's
+    if getattr(config, "quantization_config", None) is not None:  # MXFP4 experts: dequantized as they are read
+        del config.quantization_config
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if (Path(folder) / "generation_config.json").is_file():

@@ -122,6 +122,8 @@ def plan_pieces(
     loc = _lookup(index, name)
     if loc is not None:
         return [_piece(loc, numel, dtype, dst_offset, name)]
+    if f"{name}_blocks" in index:  # GPT-OSS's MXFP4 experts: not a byte copy (engine.model.mxfp4 dequantizes them)
+        raise ValueError(f"{name} is stored MXFP4-packed ({name}_blocks, {name}_scales), which loads only dequantized")
     prefix, _, fused = name.rpartition(".experts.")
     options = FUSED_EXPERTS.get(f"experts.{fused}")
     if options is None or len(shape) != 3:
