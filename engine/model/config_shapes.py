@@ -145,13 +145,13 @@ class ConfigBytes:
 
 def weight_bytes(config: dict, dtype_bytes: int, gptq_kernel: str = "dequantize") -> ConfigBytes:
     """Bytes of `config`'s weights loaded at `dtype_bytes` per element: each decoder layer as the family's
-    own layer class holds it (layer_shapes); a 4-bit checkpoint's quantized layers (dense Llama-shaped
-    layers: `linears`) in `gptq_kernel`'s form (AWQ and compressed-tensors on the dequantize kernel: the
-    file's own tensors), its other tensors at the load dtype."""
-    from engine.model import int4_formats
+    own layer class holds it (layer_shapes; GPT-OSS's MXFP4 experts too, which load dequantized); a 4-bit
+    checkpoint's quantized layers (dense Llama-shaped layers: `linears`) in `gptq_kernel`'s form (AWQ and
+    compressed-tensors on the dequantize kernel: the file's own tensors), its other tensors at the load dtype."""
+    from engine.model import int4_formats, mxfp4
 
     hidden, _, _, _, _, experts = _dims(config)
-    quant = int4_formats.plan_fields(config)
+    quant = {} if mxfp4.is_mxfp4(config) else int4_formats.plan_fields(config)  # MXFP4: loaded dequantized
     largest = 0
     if quant:
         maps = linears(config)

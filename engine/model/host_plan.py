@@ -3,7 +3,8 @@
     check_host_memory_before_loading(config, device, dtype)  # OffloadError: one line, what to change
 
 Bytes per tensor come from the headers (dtype and offsets), converted to the load dtype where the
-load converts (floating tensors; packed integer tensors load as stored); Mixtral's per-expert
+load converts (floating tensors; packed integer tensors load as stored, except GPT-OSS's MXFP4 experts,
+which load dequantized: two values a byte of their blocks, their scales nothing); Mixtral's per-expert
 tensors count once, as the fused tensor they load into. What stays in host memory depends on the
 path the target loads by:
 - an offloaded plain checkpoint streams tensor by tensor (engine.offload.loader): the RAM store (RAM
@@ -24,6 +25,7 @@ import torch
 
 from engine import multimodal
 from engine.config import EngineConfig, OffloadConfig
+from engine.model import mxfp4
 from engine.offload import host_memory
 from engine.offload.build import plan_resident
 from engine.offload.device import padded_bytes
@@ -46,6 +48,7 @@ class CheckpointBytes:
 
     layers: tuple[int, ...]  # per decoder layer
     outer: int  # embeddings, final norm, head
+    disk_streamable: bool = True  # False: MXFP4 experts, which the disk source cannot stream (engine.model.mxfp4)
 
     @property
     def total(self) -> int:
@@ -68,14 +71,18 @@ def checkpoint_bytes(folder: str, dtype: torch.dtype) -> CheckpointBytes:
         # weights in the folder under other names (Mistral's consolidated.safetensors) is never loaded
         index = {name: loc for name, loc in index.items()
                  if name.startswith(TRANSFORMERS_PREFIXES) and not name.startswith(multimodal.NOT_LOADED_PREFIXES)}
+    packed = False
     for name, location in index.items():
-        nbytes = -(-loaded_nbytes(location.nbytes, location.dtype, dtype) // ALIGN) * ALIGN
+        dequantized = mxfp4.loaded_nbytes(name, location.nbytes, index, dtype)  # GPT-OSS's MXFP4 experts
+        packed = packed or dequantized is not None
+        loaded = loaded_nbytes(location.nbytes, location.dtype, dtype) if dequantized is None else dequantized
+        nbytes = -(-loaded // ALIGN) * ALIGN
         match = LAYER_NAME.match(name)
         if match is None:
             outer += nbytes
         else:
             layers[int(match.group(1))] = layers.get(int(match.group(1)), 0) + nbytes
-    return CheckpointBytes(tuple(layers.get(i, 0) for i in range(max(layers, default=-1) + 1)), outer)
+    return CheckpointBytes(tuple(layers.get(i, 0) for i in range(max(layers, default=-1) + 1)), outer, not packed)
 
 
 def host_items(
@@ -131,7 +138,7 @@ def check_host_memory_before_loading(
     if need + margin_for(need) <= available:
         return need
     remedies = []
-    if not (offload.enabled and offload.source == "disk"):
+    if not (offload.enabled and offload.source == "disk") and target.disk_streamable:
         disk = OffloadConfig(**{**vars(offload), "enabled": True, "source": "disk"})
         disk_need = sum(nbytes for _, nbytes in host_items(disk, on_cpu, target, draft, True))
         remedies.append(f"stream the target's layers from its files (--offload --offload-source disk: "
