@@ -38,6 +38,8 @@ def quantization(config: dict) -> str:
     if not quant:
         return str(config.get("dtype") or config.get("torch_dtype") or "-").removeprefix("torch.")
     method = str(quant.get("quant_method") or "?").lower()
+    if method == "mxfp4":  # engine.model.mxfp4
+        return "mxfp4 experts (dequantized at load)"
     try:
         fmt = int4_formats.format_of(config)
     except Exception as exc:  # a variant the engine refuses: say so, keep listing

@@ -9,7 +9,8 @@ plain GptOssForCausalLM, whose experts are [E, in, out] tensors of the model dty
   `Mxfp4Config(dequantize=True)`, which works on CPU with neither triton nor kernels;
 - streamed (engine.offload.loader): the model is built on `meta` and every tensor read by name; an
   expert tensor that the files hold packed is read one expert at a time and dequantized by transformers'
-  `convert_moe_packed_tensors` straight where it lives (a device tensor, the RAM store's layer buffer);
+  `convert_moe_packed_tensors` on the load's device into where it lives (a device tensor, the RAM store's
+  layer buffer; docs/design.md, "Quantized targets", for its cost);
 - the disk source reads layers on every pass as the files store them, which for the experts is
   packed: refused before any weights load (`disk_refusal`).
 Dequantization is exact in float32, bfloat16 (an FP4 value times a power of two) and float16 within its
@@ -56,9 +57,10 @@ def loaded_nbytes(name: str, nbytes: int, index: dict, dtype: torch.dtype) -> in
     return None
 
 
-def read_dequantized(fd_of, blocks, scales, dst: torch.Tensor, evict: bool) -> None:
+def read_dequantized(fd_of, blocks, scales, dst: torch.Tensor, evict: bool, device: torch.device | None = None) -> None:
     """Fill `dst` [E, in, out] (any device, any floating dtype) from the packed file tensors at TensorLocations
-    `blocks` and `scales`, one expert at a time (fd_of: path -> open descriptor)."""
+    `blocks` and `scales`, one expert at a time (fd_of: path -> open descriptor), dequantizing on `device`
+    (default: dst's; the load's CUDA device makes it fast where dst is host memory, the RAM store)."""
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     num_experts, inp, out = dst.shape
@@ -72,7 +74,8 @@ def read_dequantized(fd_of, blocks, scales, dst: torch.Tensor, evict: bool) -> N
     for expert in range(num_experts):
         read_span(fd_of(blocks.path), blocks.path, packed, blocks.file_offset + expert * block_bytes, block_bytes)
         read_span(fd_of(scales.path), scales.path, exponents, scales.file_offset + expert * scale_bytes, scale_bytes)
-        values = convert_moe_packed_tensors(packed.view(1, out, groups, BLOCK // 2), exponents.view(1, out, groups),
+        codes, powers = (t.to(device or dst.device) for t in (packed, exponents))
+        values = convert_moe_packed_tensors(codes.view(1, out, groups, BLOCK // 2), powers.view(1, out, groups),
                                             dtype=dst.dtype)  # [1, in, out]
         dst[expert].copy_(values[0])
     if evict:

@@ -43,8 +43,9 @@ ROTARY_BUFFERS = ("inv_freq", "original_inv_freq")  # rebuilt, not read
 class CheckpointReader:
     """Reads named tensors of a checkpoint folder into given tensors (any device), converting dtypes."""
 
-    def __init__(self, folder: str, evict: bool):
+    def __init__(self, folder: str, evict: bool, device: torch.device | None = None):
         self.folder = folder
+        self.device = device  # where MXFP4 experts are dequantized (None: where each lands)
         self.index = read_index(folder)
         self.evict = evict  # drop the pages read from the page cache
         self.fds: dict[str, int] = {}
@@ -59,7 +60,7 @@ class CheckpointReader:
                 if flat is not None:  # dst only describes the tensor at `offset` of `flat`
                     dst = flat[offset : offset + dst.numel() * dst.element_size()].view(dst.dtype).view(dst.shape)
                 try:
-                    mxfp4.read_dequantized(self._fd, *(self.index[n] for n in packed), dst, self.evict)
+                    mxfp4.read_dequantized(self._fd, *(self.index[n] for n in packed), dst, self.evict, self.device)
                 except ValueError as exc:
                     raise CheckpointError(f"{self.folder}: {name}: {exc}") from exc
                 return
@@ -179,7 +180,7 @@ def load_offloaded_target(config: EngineConfig, dtype: torch.dtype, device: torc
     resident = set(plan_resident([layout.nbytes for layout in layouts], cfg))
     streamed = {idx: layer for idx, layer in enumerate(layers) if idx not in resident}
     try:
-        reader = CheckpointReader(folder, cfg.evict_page_cache)
+        reader = CheckpointReader(folder, cfg.evict_page_cache, device)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{folder}: cannot read the checkpoint's safetensors files: {exc}") from exc
     try:
