@@ -41,7 +41,7 @@ FAMILIES = (
     Family("Qwen3-MoE", ("Qwen3MoeForCausalLM",)),
     Family("Gemma 3 (text)", ("Gemma3ForCausalLM",), logits_softcap="final_logit_softcapping"),
     Family("Phi-3 / Phi-4", ("Phi3ForCausalLM",)),
-    Family("GPT-OSS (bf16)", ("GptOssForCausalLM",), eager_attention=True),
+    Family("GPT-OSS", ("GptOssForCausalLM",), eager_attention=True),
     Family("GLM-4", ("Glm4ForCausalLM",)),
     Family("OLMo 2", ("Olmo2ForCausalLM",)),
     Family("Granite", ("GraniteForCausalLM",), embedding_multiplier="embedding_multiplier",
