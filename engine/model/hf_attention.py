@@ -45,8 +45,9 @@ class SegmentInputs:
     alone: bool = False  # the group's only segment: its rows are the whole block, attended without slicing
 
     def __post_init__(self) -> None:
-        # once per pass, not per layer: the segment's cache slots over every cache row (KVCache.pass_views;
-        # a layer selects its row, layer_rows[layer_idx]) and its rows of the group's block
+        # once per pass, not per layer (a layer selects its cache row, layer_rows[layer_idx]): KVCache.pass_views,
+        # new_keys/new_values [cache rows, 1, kv_heads, n, head_dim] at the segment's slots, keys/values
+        # [cache rows, kv_heads, 1, kv_len, head_dim] at slots [0, kv_len); rows: its rows of the group's block
         self.new_keys, self.new_values, self.keys, self.values = self.cache.pass_views(
             self.start_slot, self.row_end - self.row_begin)
         self.layer_rows = self.cache.layer_rows

@@ -59,12 +59,11 @@ class KVCache:
         return self.keys[layer_idx, :, :end_slot], self.values[layer_idx, :, :end_slot]
 
     def pass_views(self, start_slot: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Views over every row for one pass that writes slots [start_slot, start_slot + n) and reads
-        [0, start_slot + n), taken once so a layer only selects its row (layer_rows[layer_idx]) of each:
-        (new keys, new values) [rows, 1, kv_heads, n, head_dim] (a write is `new_keys[row].copy_(keys)`,
-        `write` as one copy), (keys, values) [rows, kv_heads, 1, kv_len, head_dim] (`view` with the axis
-        that grouped-query attention expands over a KV head's query group: the same strides as
-        `view(...)[0][:, None]`)."""
+        """Views over every row for one pass that writes slots [start_slot, start_slot + n) and reads slots
+        [0, start_slot + n), taken once so that a layer only selects its row (layer_rows[layer_idx]):
+        - new keys, new values [rows, 1, kv_heads, n, head_dim]: `new_keys[row].copy_(keys)` is `write`;
+        - keys, values [rows, kv_heads, 1, kv_len, head_dim]: row r is `view`'s with the axis that grouped-
+          query attention expands over a KV head's query group (the strides of `view(...)[0][:, None]`)."""
         end = start_slot + num_tokens
         assert end <= self.capacity, f"KV cache overflow: slot {end} > capacity {self.capacity}"
         new = self.keys[:, :, start_slot:end].unsqueeze(1), self.values[:, :, start_slot:end].unsqueeze(1)
