@@ -10,8 +10,11 @@ Single passes of the two paths are timed back to back in pairs, so a shared mach
 both alike; the table gives each path's median and the median of the pairs' ratios. Resident passes are
 timed in CPU time of the computing thread (all their work runs there, one torch thread), streamed passes
 in wall time (the loader thread's copies overlap compute). The two paths' logits are checked equal first.
+`--baseline today`: the hand-written layer step calling the engine's attention of today instead
+(bench.handwritten.HandwrittenTodayRunner), so that only transformers' own per-layer Python differs.
 
     python -m bench.families [--tokens 1 32 256] [--padded-tokens 1 32] [--pad-to-gb 1] [--pairs 300]
+                             [--baseline old|today]
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 
 import torch
 
-from bench.handwritten import HandwrittenRunner
+from bench.handwritten import HandwrittenRunner, HandwrittenTodayRunner
 from bench.offload import load_unmapped, set_threads
 from bench.pad_target import cache_root, pad_checkpoint
 from engine.cli import DEFAULT_MODELS
@@ -33,17 +36,19 @@ from engine.offload.ring import LayerStreamer
 from engine.speculation.tree import causal_mask
 
 GOAL = 1.05  # generic / hand-written per-pass time
+BASELINES = {"old": HandwrittenRunner, "today": HandwrittenTodayRunner}  # --baseline: the hand-written step's attention
 
 
-def runner_pair(folder: str, streamed: bool, ring_size: int = 2) -> tuple[DecoderRunner, DecoderRunner]:
+def runner_pair(folder: str, streamed: bool, ring_size: int = 2, baseline: str = "old") -> tuple[DecoderRunner, DecoderRunner]:
     """(hand-written, generic) runners over one loaded model (and one streamer when streamed from RAM)."""
     model = load_unmapped(folder)
+    hand = BASELINES[baseline]
     if not streamed:
-        return HandwrittenRunner(model), DecoderRunner(model)
+        return hand(model), DecoderRunner(model)
     offload = OffloadConfig(enabled=True, source="ram", resident_layers=0, ring_size=ring_size)
     generic = build_offloaded_runner(model, EngineConfig(model=ModelConfig(target=folder), offload=offload),
                                      torch.device("cpu"))
-    return HandwrittenRunner(model, generic.layers), generic
+    return hand(model, generic.layers), generic
 
 
 def check_equal(pair: tuple[DecoderRunner, DecoderRunner], num_tokens: int = 9) -> float:
@@ -111,10 +116,11 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args.threads, torch.device("cpu"))
     padded, plan = pad_checkpoint(DEFAULT_MODELS / "target", cache_root(), args.pad_to_gb)
     cases = [
-        ("built-in target, resident", runner_pair(str(DEFAULT_MODELS / "target"), False), args.tokens),
-        ("built-in draft, resident", runner_pair(str(DEFAULT_MODELS / "draft"), False), args.tokens),
+        ("built-in target, resident", runner_pair(str(DEFAULT_MODELS / "target"), False, baseline=args.baseline),
+         args.tokens),
+        ("built-in draft, resident", runner_pair(str(DEFAULT_MODELS / "draft"), False, baseline=args.baseline), args.tokens),
         (f"padded target ({plan.num_layers} x {plan.layer_bytes / 1e6:.0f} MB layers), streamed from RAM",
-         runner_pair(str(padded), True), args.padded_tokens),
+         runner_pair(str(padded), True, baseline=args.baseline), args.padded_tokens),
     ]
     for name, pair, _ in cases:
         error = check_equal(pair)
@@ -123,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"CPU, torch {torch.__version__}, {torch.get_num_threads()} torch thread(s), fp32; {args.pairs} pairs of "
           f"single passes ({args.streamed_pairs} streamed), the two paths back to back; median times and median "
           f"ratio of a causal pass over `tokens` tokens (resident: CPU time of the computing thread; streamed: "
-          f"wall time)\n")
+          f"wall time); hand-written baseline: {args.baseline}\n")
     print_table(rows)
     for _, pair, _ in cases:
         if hasattr(pair[1].layers, "close"):
@@ -138,6 +144,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", type=int, default=300, help="pairs of resident passes (one of each path)")
     parser.add_argument("--streamed-pairs", type=int, default=15, help="pairs of streamed passes")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores but one)")
+    parser.add_argument("--baseline", choices=sorted(BASELINES), default="old",
+                        help="the hand-written step's attention: old (per-layer cache write and view, as before "
+                             "issue 35) or today (the engine's attention the generic path calls)")
 
 
 if __name__ == "__main__":

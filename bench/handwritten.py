@@ -6,6 +6,11 @@ submodules itself: input norm, q/k/v projections, rotary, the engine's attention
 post-attention norm, MLP. HandwrittenRunner is the DecoderRunner with that layer step instead: same
 loop, streaming, masks and attention kernels, so the two differ only in how a layer runs. Llama, Mistral
 and Qwen2 layouts only (no q/k norms, no fused projections, no sinks).
+
+HandwrittenTodayRunner is the same layer step calling the engine's attention of today
+(hf_attention.attend_layer, as the generic path does): against it the generic path differs only in
+transformers' own per-layer Python (the attention module's call and its wrapper, the config's lookup of
+the attention implementation, the rotary helper, the attention interface's entry).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import torch
 from torch import nn
 
 from engine.model.attention import attend
-from engine.model.hf_attention import GroupInputs, segment_mask
+from engine.model.hf_attention import GroupInputs, attend_layer, segment_mask
 from engine.model.runner import DecoderRunner
 
 
@@ -48,4 +53,20 @@ class HandwrittenRunner(DecoderRunner):
             mask = segment_mask(s, self.windows[idx], plan.dtype)
             outs.append(attend(query[:, rows], keys, values, mask, attn.scaling))  # [n, heads, head_dim]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [rows, heads, head_dim]
+        return attn.o_proj(out.reshape(1, num_rows, self.num_heads * self.head_dim))
+
+
+class HandwrittenTodayRunner(HandwrittenRunner):
+    """HandwrittenRunner whose attention is today's engine attention, on the tensors laid out as a
+    transformers attention module lays them out ([1, heads, rows, head_dim] views)."""
+
+    def _attention(self, attn: nn.Module, idx: int, hidden: torch.Tensor, plan: GroupInputs) -> torch.Tensor:
+        num_rows = hidden.shape[1]
+        cos, sin = (table[:, None] for table in plan.rotary[None])  # [1, 1, rows, head_dim]
+        query = attn.q_proj(hidden).view(1, num_rows, self.num_heads, self.head_dim).transpose(1, 2)
+        key = attn.k_proj(hidden).view(1, num_rows, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        value = attn.v_proj(hidden).view(1, num_rows, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        query = query * cos + rotate_half(query) * sin  # [1, heads, rows, head_dim]
+        key = key * cos + rotate_half(key) * sin  # [1, kv_heads, rows, head_dim]
+        out = attend_layer(plan, idx, query, key, value, attn.scaling, self.windows[idx])  # [1, rows, heads, head_dim]
         return attn.o_proj(out.reshape(1, num_rows, self.num_heads * self.head_dim))

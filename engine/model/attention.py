@@ -2,8 +2,9 @@
 
 Masks are additive ([1, 1, n, kv_len]: 0 where a token may attend a slot, finfo.min elsewhere) and
 their rows start at MASK_ALIGN-aligned offsets, as the memory-efficient kernel reads them. `attend`
-runs SDPA; `attend_eager` is the explicit form for what SDPA cannot express (attention sinks, logit
-soft-capping), a bounded block of query rows at a time.
+runs SDPA (`attend_heads`: the same call on a pass's per-layer views); `attend_eager` is the explicit
+form for what SDPA cannot express (attention sinks, logit soft-capping), a bounded block of query rows
+at a time.
 """
 
 from __future__ import annotations
@@ -74,6 +75,29 @@ def attend(
     )  # [kv_heads, group, n, head_dim]
     return out.permute(2, 0, 1, 3).reshape(num_tokens, num_heads, head_dim)
 
+
+
+def attend_heads(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """`attend` on a layer's tensors as a pass holds them, with no reshaping around it: query
+    [1, heads, n, head_dim] as the attention module made it; keys, values [kv_heads, 1, kv_len, head_dim]
+    (a cache row with the group axis: KVCache.pass_views); mask [1, 1, n, kv_len]. The same SDPA call on
+    the same views as `attend` (its query is `query[0].unflatten(...)`, this one's a view of the same
+    sizes and strides). Returns [1, n, heads, head_dim]."""
+    _, num_heads, num_tokens, head_dim = query.shape
+    num_kv_heads, _, kv_len, _ = keys.shape
+    group = num_heads // num_kv_heads
+    shape = (num_kv_heads, group, kv_len, head_dim)
+    out = F.scaled_dot_product_attention(
+        query.view(num_kv_heads, group, num_tokens, head_dim), keys.expand(shape), values.expand(shape),
+        attn_mask=mask, scale=scale,
+    )  # [kv_heads, group, n, head_dim]
+    return out.permute(2, 0, 1, 3).reshape(1, num_tokens, num_heads, head_dim)
 
 def attend_eager(
     query: torch.Tensor,

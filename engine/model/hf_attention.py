@@ -21,7 +21,13 @@ from dataclasses import dataclass
 import torch
 from transformers import AttentionInterface
 
-from engine.model.attention import attend, attend_eager, causal_additive_mask, causal_allowed, window_masks
+from engine.model.attention import (
+    attend_eager,
+    attend_heads,
+    causal_additive_mask,
+    causal_allowed,
+    window_masks,
+)
 from engine.model.kv_cache import KVCache
 
 ENGINE_ATTENTION = "specexec"
@@ -36,6 +42,16 @@ class SegmentInputs:
     allowed: torch.Tensor | None  # [n, start_slot + n] bool; None: causal prefill (slot == position)
     position_ids: torch.Tensor  # [n]
     masks: dict[int | None, torch.Tensor]  # sliding window -> additive mask [1, 1, n, kv_len], built once per pass
+    alone: bool = False  # the group's only segment: its rows are the whole block, attended without slicing
+
+    def __post_init__(self) -> None:
+        # once per pass, not per layer (a layer selects its cache row, layer_rows[layer_idx]): KVCache.pass_views,
+        # new_keys/new_values [cache rows, 1, kv_heads, n, head_dim] at the segment's slots, keys/values
+        # [cache rows, kv_heads, 1, kv_len, head_dim] at slots [0, kv_len); rows: its rows of the group's block
+        self.new_keys, self.new_values, self.keys, self.values = self.cache.pass_views(
+            self.start_slot, self.row_end - self.row_begin)
+        self.layer_rows = self.cache.layer_rows
+        self.rows = slice(self.row_begin, self.row_end)
 
 
 @dataclass
@@ -78,20 +94,27 @@ def attend_layer(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """query [heads, rows, head_dim]; key, value [kv_heads, rows, head_dim] of every segment in the group.
-    Each segment writes its rows to its cache at layer `layer_idx` and attends over its slots
-    [0, start_slot + n). Returns [rows, heads, head_dim]."""
+    """query [1, heads, rows, head_dim]; key, value [1, kv_heads, rows, head_dim] of every segment in the
+    group, as the attention module made them. Each segment writes its rows to its cache at layer
+    `layer_idx` (one copy into the pass's view of its slots) and attends over its slots [0, start_slot + n).
+    The per-layer Python is a row lookup and the kernels' calls: views, masks and checks are the pass's
+    (SegmentInputs). Returns [1, rows, heads, head_dim]."""
     outs = []
     for s in group.segments:
-        rows = slice(s.row_begin, s.row_end)
-        s.cache.write(layer_idx, s.start_slot, key[:, rows], value[:, rows])
-        keys, values = s.cache.view(layer_idx, s.start_slot + s.row_end - s.row_begin)  # [kv_heads, kv_len, head_dim]
+        row = s.layer_rows[layer_idx]
+        if s.alone:
+            q, k, v = query, key, value
+        else:
+            q, k, v = query[:, :, s.rows], key[:, :, s.rows], value[:, :, s.rows]
+        s.new_keys[row].copy_(k)  # [1, kv_heads, n, head_dim] into slots [start_slot, start_slot + n)
+        s.new_values[row].copy_(v)
         mask = segment_mask(s, window, group.dtype)
         if softcap is None and sinks is None:
-            outs.append(attend(query[:, rows], keys, values, mask, scaling))  # [n, heads, head_dim]
+            outs.append(attend_heads(q, s.keys[row], s.values[row], mask, scaling))  # [1, n, heads, head_dim]
         else:
-            outs.append(attend_eager(query[:, rows], keys, values, mask, scaling, softcap, sinks))
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+            keys, values = s.keys[row][:, 0], s.values[row][:, 0]  # [kv_heads, kv_len, head_dim]
+            outs.append(attend_eager(q[0], keys, values, mask, scaling, softcap, sinks)[None])
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
 def engine_attention_forward(
@@ -115,8 +138,7 @@ def engine_attention_forward(
     if specexec_group is None or specexec_layer is None:
         raise RuntimeError(f"{ENGINE_ATTENTION} attention runs only inside the engine's pass (DecoderRunner)")
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    out = attend_layer(specexec_group, specexec_layer, query[0], key[0], value[0], scale, sliding_window, softcap, s_aux)
-    return out[None], None
+    return attend_layer(specexec_group, specexec_layer, query, key, value, scale, sliding_window, softcap, s_aux), None
 
 
 AttentionInterface.register(ENGINE_ATTENTION, engine_attention_forward)

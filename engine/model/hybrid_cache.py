@@ -36,6 +36,7 @@ class HybridCache(KVCache):
         self.linear = LinearStates(len(linear), shape, min(pending_slots, capacity), dtype, device)
         self._length = 0
         super().__init__(len(attention), num_kv_heads, head_dim, capacity, dtype, device)
+        self.layer_rows = self.attention_index
 
     @property
     def length(self) -> int:

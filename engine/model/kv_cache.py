@@ -26,6 +26,8 @@ class KVCache:
         self.positions = torch.zeros(capacity, dtype=torch.long, device=device)  # [capacity] rotary position
         self.capacity = capacity
         self.length = 0  # committed slots
+        # model layer -> its row of keys/values (every layer here; a hybrid cache maps attention layers only)
+        self.layer_rows: range | dict[int, int] = range(num_layers)
 
     @property
     def device(self) -> torch.device:
@@ -55,6 +57,17 @@ class KVCache:
     def view(self, layer_idx: int, end_slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of slots [0, end_slot): each [kv_heads, end_slot, head_dim]."""
         return self.keys[layer_idx, :, :end_slot], self.values[layer_idx, :, :end_slot]
+
+    def pass_views(self, start_slot: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views over every row for one pass that writes slots [start_slot, start_slot + n) and reads slots
+        [0, start_slot + n), taken once so that a layer only selects its row (layer_rows[layer_idx]):
+        - new keys, new values [rows, 1, kv_heads, n, head_dim]: `new_keys[row].copy_(keys)` is `write`;
+        - keys, values [rows, kv_heads, 1, kv_len, head_dim]: row r is `view`'s with the axis that grouped-
+          query attention expands over a KV head's query group (the strides of `view(...)[0][:, None]`)."""
+        end = start_slot + num_tokens
+        assert end <= self.capacity, f"KV cache overflow: slot {end} > capacity {self.capacity}"
+        new = self.keys[:, :, start_slot:end].unsqueeze(1), self.values[:, :, start_slot:end].unsqueeze(1)
+        return (*new, self.keys[:, :, :end].unsqueeze(2), self.values[:, :, :end].unsqueeze(2))
 
     def commit(self, slots: torch.Tensor) -> None:
         """Append the rows at `slots` ([m], ascending positions) to the committed prefix."""

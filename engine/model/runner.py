@@ -234,7 +234,8 @@ class DecoderRunner:
             if s.allowed is not None:
                 assert s.allowed.shape == (num_tokens, kv_len), f"mask {tuple(s.allowed.shape)} != {(num_tokens, kv_len)}"
                 masks = window_masks(s.allowed, s.position_ids, s.cache.positions[:kv_len], set(self.windows), self.dtype)
-            inputs.append(SegmentInputs(s.cache, s.start_slot, row, row + num_tokens, s.allowed, s.position_ids, masks))
+            inputs.append(SegmentInputs(s.cache, s.start_slot, row, row + num_tokens, s.allowed, s.position_ids, masks,
+                                        alone=len(group) == 1))
             row += num_tokens
         return GroupInputs(positions, rotary, inputs, self.dtype)
 

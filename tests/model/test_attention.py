@@ -15,10 +15,12 @@ from engine.model.attention import (
     MASK_ALIGN,
     additive_mask,
     attend,
+    attend_heads,
     attention_backends,
     causal_additive_mask,
     causal_allowed,
 )
+from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner
 from engine.speculation.tree import causal_mask, prefix_tree_mask
 from tests.helpers.tiny_models import tiny_config
@@ -75,6 +77,38 @@ def test_attend_equals_the_gqa_call(num_heads, num_kv_heads, kv_len):
     want = old_attention(query, keys, values, mask, 0.3)  # [heads, n, head_dim]
     torch.testing.assert_close(got.transpose(0, 1), want, atol=1e-6, rtol=1e-5)
 
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(8, 2), (4, 4)])
+@pytest.mark.parametrize(("start_slot", "num_tokens"), [(0, 1), (37, 1), (20, 29)])
+def test_a_pass_views_write_and_attention_equal_write_view_and_attend(num_heads, num_kv_heads, start_slot, num_tokens):
+    """What a layer of a pass does now (one copy into KVCache.pass_views' slot view, attend_heads over its
+    row) equals what it did per layer before (KVCache.write, view, attend): the same cache bits and the
+    same output bits."""
+    gen = torch.Generator().manual_seed(start_slot + num_tokens)
+    head_dim, layer = 16, 1
+    caches = [KVCache(3, num_kv_heads, head_dim, 64, torch.float32, torch.device("cpu")) for _ in range(2)]
+    filled = torch.randn(2, *caches[0].keys.shape, generator=gen)  # what earlier passes left in every slot
+    for cache in caches:
+        cache.keys.copy_(filled[0])
+        cache.values.copy_(filled[1])
+    # as an attention module lays them out: [1, n, heads, head_dim] transposed
+    query = torch.randn(1, num_tokens, num_heads, head_dim, generator=gen).transpose(1, 2)
+    key, value = torch.randn(2, 1, num_tokens, num_kv_heads, head_dim, generator=gen).transpose(2, 3)
+    kv_len = start_slot + num_tokens
+    allowed = torch.rand(num_tokens, kv_len, generator=gen) < 0.5
+    allowed[:, -1] = True
+    mask = additive_mask(allowed, torch.float32)
+
+    caches[0].write(layer, start_slot, key[0], value[0])
+    want = attend(query[0], *caches[0].view(layer, kv_len), mask, 0.3)  # [n, heads, head_dim]
+    new_keys, new_values, keys, values = caches[1].pass_views(start_slot, num_tokens)
+    row = caches[1].layer_rows[layer]
+    new_keys[row].copy_(key)
+    new_values[row].copy_(value)
+    got = attend_heads(query, keys[row], values[row], mask, 0.3)  # [1, n, heads, head_dim]
+    assert torch.equal(caches[1].keys, caches[0].keys) and torch.equal(caches[1].values, caches[0].values)
+    assert torch.equal(got[0], want)
 
 def test_additive_mask_rows_are_aligned_and_padding_masked():
     allowed = torch.rand(5, 37) < 0.5

@@ -150,7 +150,7 @@ def test_a_host_read_in_the_layer_path_is_detected(models, monkeypatch):
     attend_layer = hf_attention.attend_layer
 
     def reading(group, layer_idx, query, *rest):
-        float(query[0, 0, 0])  # .item(): a host read
+        float(query[0, 0, 0, 0])  # .item(): a host read
         return attend_layer(group, layer_idx, query, *rest)
 
     monkeypatch.setattr(hf_attention, "attend_layer", reading)
