@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import AutoConfig, PretrainedConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+if TYPE_CHECKING:  # transformers is imported where used: the server imports this module at start
+    from transformers import PretrainedConfig
 
 # config.json architecture -> its text model's model_type when text_config does not name one
 LANGUAGE_MODEL_OF = {
@@ -58,6 +59,8 @@ def language_model_config(config: dict) -> dict:
             fields[key] = config[key]
     if "tie_word_embeddings" in config:
         fields["tie_word_embeddings"] = config["tie_word_embeddings"]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     causal_lm = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(fields["model_type"])
     fields["architectures"] = [causal_lm or f"{arch} with a {fields['model_type']} language model"]
     return fields
@@ -66,6 +69,8 @@ def language_model_config(config: dict) -> dict:
 def hf_config(folder: str | Path) -> PretrainedConfig:
     """transformers' config of the model the engine runs from the checkpoint in `folder` (for a multimodal
     checkpoint: its text model's config, as language_model_config reads it)."""
+    from transformers import AutoConfig
+
     raw = json.loads((Path(folder) / "config.json").read_text())
     if not is_multimodal(raw):
         return AutoConfig.from_pretrained(folder)
