@@ -76,7 +76,6 @@ def attend(
     return out.permute(2, 0, 1, 3).reshape(num_tokens, num_heads, head_dim)
 
 
-
 def attend_heads(
     query: torch.Tensor,
     keys: torch.Tensor,
