@@ -40,6 +40,9 @@ def quantization(config: dict) -> str:
     method = str(quant.get("quant_method") or "?").lower()
     if method == "mxfp4":  # engine.model.mxfp4
         return "mxfp4 experts (dequantized at load)"
+    if method == "fp8":  # engine.model.fp8
+        block = quant.get("weight_block_size")
+        return f"fp8 {quant.get('fmt') or 'e4m3'}" + (f", blocks of {block[0]} x {block[1]}" if block else ", per tensor")
     try:
         fmt = int4_formats.format_of(config)
     except Exception as exc:  # a variant the engine refuses: say so, keep listing

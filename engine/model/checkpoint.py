@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from transformers.utils import logging as hf_logging
 
 from engine import multimodal
-from engine.model import families, gptq, int4_formats, mxfp4
+from engine.model import families, fp8, gptq, int4_formats, mxfp4
 from engine.types import CheckpointError, ConfigError, VocabMismatchError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -92,6 +92,11 @@ def load_model(
         home = torch.device(device)
         model, _ = load_int4_checkpoint(path, packed, dtype, home, gptq_kernel, torch.device(compute_device or device))
         return model.to(device).eval().requires_grad_(False)
+    block_fp8 = fp8.format_of(config)
+    if block_fp8 is not None:  # FP8 layer maps kept as stored, dequantized per call (engine.model.fp8)
+        from engine.model.fp8_checkpoint import load_fp8_checkpoint
+
+        return load_fp8_checkpoint(path, block_fp8, dtype, torch.device(device)).eval().requires_grad_(False)
     dequantized = mxfp4.is_mxfp4(config)  # GPT-OSS's MXFP4 experts: dequantized by transformers as it loads
     quantized = gptq.quant_method(config) is not None and not dequantized
     verbosity = hf_logging.get_verbosity()

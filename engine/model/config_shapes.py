@@ -128,6 +128,7 @@ class ConfigBytes:
     layers: tuple[int, ...]  # each decoder layer
     outer: int  # embeddings, final norm, head
     largest_matrix: int  # elements of the largest quantized matrix (0: not quantized)
+    dequant_scratch: int | None = None  # FP8: device bytes of its largest per-call dequantization (engine.model.fp8)
 
     @property
     def num_layers(self) -> int:
@@ -148,8 +149,10 @@ def weight_bytes(config: dict, dtype_bytes: int, gptq_kernel: str = "dequantize"
     own layer class holds it (layer_shapes; GPT-OSS's MXFP4 experts too, which load dequantized); a 4-bit
     checkpoint's quantized layers (dense Llama-shaped layers: `linears`) in `gptq_kernel`'s form (AWQ and
     compressed-tensors on the dequantize kernel: the file's own tensors), its other tensors at the load dtype."""
-    from engine.model import int4_formats, mxfp4
+    from engine.model import fp8, int4_formats, mxfp4
 
+    if fp8.format_of(config) is not None:
+        return fp8_weight_bytes(config, dtype_bytes)
     hidden, _, _, _, _, experts = _dims(config)
     quant = {} if mxfp4.is_mxfp4(config) else int4_formats.plan_fields(config)  # MXFP4: loaded dequantized
     largest = 0
@@ -170,3 +173,24 @@ def weight_bytes(config: dict, dtype_bytes: int, gptq_kernel: str = "dequantize"
     tied = config.get("tie_word_embeddings", False)
     outer = (vocab * hidden * (1 if tied else 2) + hidden) * dtype_bytes
     return ConfigBytes(layers, outer, largest)
+
+
+def fp8_weight_bytes(config: dict, dtype_bytes: int) -> ConfigBytes:
+    """A block-wise FP8 checkpoint's bytes: each decoder layer as the family's layer class holds it, its linear
+    maps (less those modules_to_not_convert names) as stored, 1 byte a weight plus float32 block scales; the
+    rest, a quantized head included (dequantized at load), at the load dtype; and the largest map's per-call
+    dequantization scratch (engine.model.fp8)."""
+    from engine.model import fp8
+
+    fmt = fp8.format_of(config)
+    assert fmt is not None
+    dense = layer_shapes.layer_bytes(config, dtype_bytes)
+    layers, largest, scratch = [], 0, 0
+    for nbytes, maps in zip(dense, layer_shapes.layer_linears(config), strict=True):
+        quantized = [(k, n) for name, k, n in maps if not fp8.not_converted(name, fmt)]
+        layers.append(nbytes + sum(fp8.linear_bytes(k, n, fmt) - k * n * dtype_bytes for k, n in quantized))
+        largest = max([largest, *(k * n for k, n in quantized)])
+        scratch = max([scratch, *(fp8.scratch_bytes(k, n, fmt, dtype_bytes) for k, n in quantized)])
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    outer = (vocab * hidden * (1 if config.get("tie_word_embeddings", False) else 2) + hidden) * dtype_bytes
+    return ConfigBytes(tuple(layers), outer, largest, scratch)

@@ -43,7 +43,8 @@ log = logging.getLogger("specexec.engine")
 
 SUPPORTED_METHODS = ("gptq",)  # through transformers and the gptq extra
 OTHER_METHODS = ("awq (4-bit GEMM)", "compressed-tensors (pack-quantized W4A16)",  # engine.model.int4_checkpoint
-                 "mxfp4 (GPT-OSS's experts, dequantized at load)")  # engine.model.mxfp4
+                 "mxfp4 (GPT-OSS's experts, dequantized at load)",  # engine.model.mxfp4
+                 "fp8 (block-wise e4m3)")  # engine.model.fp8
 GPTQ_MODULES = ("optimum", "gptqmodel")  # transformers' GPTQ path needs both
 GPTQ_PIP = "pip install 'specexec-server[gptq]'"
 GPTQ_PIP_SOURCE = "pip install -e '.[gptq]'"
@@ -71,14 +72,14 @@ def missing_modules() -> list[str]:
 
 def check_loadable(path: str, config: dict) -> None:
     """Raise CheckpointError unless this install can load `config`'s quantization (AWQ and
-    compressed-tensors 4-bit need no extra: engine.model.int4_checkpoint)."""
-    from engine.model import int4_formats
+    compressed-tensors 4-bit and block-wise FP8 need no extra: engine.model.int4_checkpoint, fp8_checkpoint)."""
+    from engine.model import fp8, int4_formats
 
     method = quant_method(config)
     if method is None or method == mxfp4.METHOD:  # GPT-OSS's experts, dequantized at load (engine.model.mxfp4)
         return
     try:
-        if int4_formats.format_of(config) is not None:
+        if int4_formats.format_of(config) is not None or fp8.format_of(config) is not None:
             return
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from None

@@ -4,7 +4,8 @@
 
 Bytes per tensor come from the headers (dtype and offsets), converted to the load dtype where the
 load converts (floating tensors; packed integer tensors load as stored, except GPT-OSS's MXFP4 experts,
-which load dequantized: two values a byte of their blocks, their scales nothing); Mixtral's per-expert
+which load dequantized: two values a byte of their blocks, their scales nothing; an FP8 checkpoint's layer
+maps load as stored, its weight and float32 block scales); Mixtral's per-expert
 tensors count once, as the fused tensor they load into. What stays in host memory depends on the
 path the target loads by:
 - an offloaded plain checkpoint streams tensor by tensor (engine.offload.loader): the RAM store (RAM
@@ -25,7 +26,7 @@ import torch
 
 from engine import multimodal
 from engine.config import EngineConfig, OffloadConfig
-from engine.model import mxfp4
+from engine.model import fp8, mxfp4
 from engine.offload import host_memory
 from engine.offload.build import plan_resident
 from engine.offload.device import padded_bytes
@@ -73,11 +74,13 @@ def checkpoint_bytes(folder: str, dtype: torch.dtype) -> CheckpointBytes:
                  if name.startswith(TRANSFORMERS_PREFIXES) and not name.startswith(multimodal.NOT_LOADED_PREFIXES)}
     packed = False
     for name, location in index.items():
+        match = LAYER_NAME.match(name)
         dequantized = mxfp4.loaded_nbytes(name, location.nbytes, index, dtype)  # GPT-OSS's MXFP4 experts
         packed = packed or dequantized is not None
+        if dequantized is None:  # FP8 maps: as stored in a layer (engine.model.fp8)
+            dequantized = fp8.loaded_nbytes(name, location.nbytes, index, dtype, match is not None)
         loaded = loaded_nbytes(location.nbytes, location.dtype, dtype) if dequantized is None else dequantized
         nbytes = -(-loaded // ALIGN) * ALIGN
-        match = LAYER_NAME.match(name)
         if match is None:
             outer += nbytes
         else:

@@ -30,6 +30,7 @@ from engine.types import CheckpointError
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # column 8c + AWQ_ORDER[i] lies in nibble i of word c
 AWQ_COLUMNS = tuple(AWQ_ORDER.index(j) for j in range(8))  # nibble holding column 8c + j
 CT_FORMAT = "pack-quantized"
+CT_FP8_FORMAT = "float-quantized"  # compressed-tensors FP8: refused (engine.model.fp8 reads quant_method fp8)
 
 
 def unpack_last(packed: torch.Tensor) -> torch.Tensor:
@@ -97,6 +98,11 @@ def format_of(config: dict) -> Int4Format | None:
         return Int4Format("awq", group, False, ("qweight", "qzeros", "scales"), "qweight")
     if method == "compressed-tensors":
         fmt = str(quant.get("format") or "")
+        if fmt == CT_FP8_FORMAT:  # its weight_scale / input scales are another layout than quant_method fp8's
+            raise CheckpointError(
+                "compressed-tensors format 'float-quantized' (FP8 W8A8) is not supported: only pack-quantized 4-bit "
+                "integer weights in groups (W4A16), and FP8 checkpoints in transformers' block-wise format "
+                "(quant_method 'fp8', weight_scale_inv per 128 x 128 block)")
         scheme = ct_scheme(quant)
         ok = (fmt == CT_FORMAT and scheme.get("num_bits") == 4 and scheme.get("type", "int") == "int"
               and scheme.get("strategy") == "group" and not scheme.get("dynamic"))

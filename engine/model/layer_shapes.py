@@ -85,6 +85,24 @@ def layer_bytes(config: dict, dtype_bytes: int) -> tuple[int, ...]:
     return _layer_bytes(json.dumps(config, sort_keys=True), dtype_bytes)
 
 
+@lru_cache(maxsize=128)
+def _layer_linears(fields_json: str) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    cfg = _hf_config(fields_json)
+    layer_class = decoder_layer_class(cfg)
+    maps = []
+    for idx in range(cfg.num_hidden_layers):
+        with torch.device("meta"):
+            layer = layer_class(cfg, idx)
+        maps.append(tuple((name, m.in_features, m.out_features) for name, m in layer.named_modules()
+                          if isinstance(m, torch.nn.Linear)))
+    return tuple(maps)
+
+
+def layer_linears(config: dict) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    """Per decoder layer, (name inside the layer, in, out) of each nn.Linear (what an FP8 checkpoint quantizes)."""
+    return _layer_linears(json.dumps(config, sort_keys=True))
+
+
 def mlp_width(cfg: PretrainedConfig) -> int:
     """Intermediate activations per token of the widest MLP: the dense MLP's, or for MoE the experts a
     token is routed to (top-k x the expert's width), whichever is larger."""

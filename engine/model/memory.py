@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import EngineConfig, SpeculationConfig
-from engine.model import gptq, gptq_int4, memory_plan
+from engine.model import fp8, gptq, gptq_int4, memory_plan
 from engine.model.config_shapes import DEQUANT_BYTES_PER_WEIGHT
 from engine.model.runner import DecoderRunner
 from engine.offload.ram_store import host_memory_available
@@ -73,7 +73,8 @@ def dequant_scratch_bytes(runner: DecoderRunner | None) -> int:
     an int8 unpack and three [in, out] fp16 temporaries (DEQUANT_BYTES_PER_WEIGHT per weight; gptqmodel
     7.6's torch path); the int4 kernel on CUDA its dequantized bf16 weight for calls of many rows
     (gptq_int4.DEQUANT_BYTES_PER_WEIGHT); AWQ and compressed-tensors maps on the dequantize kernel their
-    weight at the model dtype and a float32 chunk (counted as gptqmodel's, an upper bound); 0 for
+    weight at the model dtype and a float32 chunk (counted as gptqmodel's, an upper bound); FP8 maps their
+    weight at the model dtype and below float32 a float32 chunk of rows (fp8.scratch_bytes); 0 for
     unquantized layers and the int4 kernel on CPU."""
     if runner is None:
         return 0
@@ -82,6 +83,9 @@ def dequant_scratch_bytes(runner: DecoderRunner | None) -> int:
         for sub in gptq.quantized_modules(layer).values():
             largest = max(largest, sub.in_features * sub.out_features * DEQUANT_BYTES_PER_WEIGHT)
         for sub in layer.modules():
+            if isinstance(sub, fp8.Fp8Linear):
+                size = runner.dtype.itemsize
+                largest = max(largest, fp8.scratch_bytes(sub.in_features, sub.out_features, sub.fmt, size))
             if getattr(sub, "file_packed", False):  # AWQ / compressed-tensors on the dequantize kernel: at most
                 largest = max(largest, sub.in_features * sub.out_features * DEQUANT_BYTES_PER_WEIGHT)
             if isinstance(sub, gptq_int4.Int4Linear) and sub.kernel_device == "cuda":

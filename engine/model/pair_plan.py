@@ -71,6 +71,13 @@ def scratch_bytes_per_weight(kernel: str) -> int:
     return config_shapes.DEQUANT_BYTES_PER_WEIGHT if kernel == "dequantize" else gptq_int4.DEQUANT_BYTES_PER_WEIGHT
 
 
+def dequant_scratch(weights: config_shapes.ConfigBytes, kernel: str) -> int:
+    """Device scratch of one call of a model's largest quantized matrix (FP8: counted from its shapes)."""
+    if weights.dequant_scratch is not None:
+        return weights.dequant_scratch
+    return weights.largest_matrix * scratch_bytes_per_weight(kernel)
+
+
 def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
     """The startup plan of `config` on a CUDA device of `total_bytes` (module doc)."""
     target_cfg, target_source = config_shapes.read_model_config(config.model.target)
@@ -121,7 +128,7 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
         reserve_bytes=memory_plan.CUDA_RESERVE_BYTES,
         max_running=config.limits.max_running,
         kv_slots=config.limits.max_running,
-        dequant_scratch_bytes=max((m.largest_matrix * scratch_bytes_per_weight(kernel) for m, kernel in scratch), default=0),
+        dequant_scratch_bytes=max((dequant_scratch(m, kernel) for m, kernel in scratch), default=0),
     )
     return size_slots(config, inputs, total_bytes - CUDA_CONTEXT_BYTES, num_resident, (target, draft),
                       (target_source, draft_source))

@@ -23,6 +23,7 @@ DTYPES = {
     "F32": torch.float32,
     "F16": torch.float16,
     "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,  # FP8 checkpoints' weights (engine.model.fp8)
     "I64": torch.int64,
     "I32": torch.int32,
     "I16": torch.int16,
