@@ -100,7 +100,7 @@ def test_a_grouped_gptq_target_counts_the_dequantize_scratch(capsys, kernel, byt
     code, out = plan(capsys, "--config", str(CONFIG_DIR / "llama2-70b-chat-gptq.toml"), "--gpu-memory-total", "24",
                      "--gptq-kernel", kernel)
     scratch = bytes_per_weight * 8192 * 28672  # the largest matrix
-    assert f"| GPTQ dequantization scratch | {scratch / GB:.2f} |" in out
+    assert f"| dequantization scratch (4-bit, FP8) | {scratch / GB:.2f} |" in out
 
 
 def test_an_unknown_model_names_the_fix(capsys, tmp_path):

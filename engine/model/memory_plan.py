@@ -195,7 +195,7 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
             PlanItem("draft attention scores", draft.attention_scratch_bytes, False),
         ]
     if inputs.dequant_scratch_bytes:
-        items.append(PlanItem("GPTQ dequantization scratch", inputs.dequant_scratch_bytes, False))
+        items.append(PlanItem("dequantization scratch (4-bit, FP8)", inputs.dequant_scratch_bytes, False))
     if inputs.reserve_bytes:
         items.append(PlanItem("kernel and allocator reserve", inputs.reserve_bytes, False))
     return MemoryPlan(tuple(items))
