@@ -30,6 +30,7 @@ from engine.model.hf_attention import GroupInputs, SegmentInputs, engine_attenti
 from engine.model.hybrid_cache import HybridCache
 from engine.model.kv_cache import KVCache
 from engine.model.linear_state import LinearShape
+from engine.model.rotary_table import RotaryTables, static_rope
 
 # wrappers transformers puts around a decoder layer's forward that do nothing in the engine's pass, skipped
 # (by the wrapper function's own name): gradient checkpointing (training only; 5.24 wraps forward, 5.17
@@ -75,7 +76,8 @@ class Segment:
     """One sequence's tokens in a pass: input_ids [n] written to `cache` slots [start_slot, start_slot + n)."""
 
     input_ids: torch.Tensor  # [n] long
-    position_ids: torch.Tensor  # [n] long
+    # [n] long, each < start_slot + n: a token's predecessors and itself sit in slots below that (rotary tables)
+    position_ids: torch.Tensor
     cache: KVCache
     start_slot: int
     allowed: torch.Tensor | None  # [n, start_slot + n] bool; None: causal, each token at position == slot
@@ -124,6 +126,8 @@ class DecoderRunner:
                 linear_attention.install(type(layer.linear_attn))
         self.rotary_keys = self._rotary_keys()  # per layer: which rotary table it reads
         self.rotary_key_set = sorted(set(self.rotary_keys), key=str)
+        # cos/sin by position from tables the rotary module made (None: computed per pass, engine.model.rotary_table)
+        self.rotary_tables = RotaryTables(self.rotary_emb, self.rotary_key_set) if static_rope(self.rotary_emb) else None
         # per layer: its class's forward, called as forward(layer, ...): no module hooks (the engine sets none)
         self.layer_forwards = [plain_forward(type(layer)) for layer in self.hf_layers]
         self.attention_backends: list[SDPBackend] | None = None  # None: by device; a GPU check may pin one
@@ -222,9 +226,8 @@ class DecoderRunner:
     def _group_inputs(self, group: list[Segment]) -> GroupInputs:
         """Positions written to each cache; rotary tables of the group's rows; masks for segments with
         an explicit `allowed`."""
-        positions = torch.cat([s.position_ids for s in group])[None]  # [1, rows]
-        like = self.embed_tokens.weight[:1, None]  # the rotary module reads dtype and device off it
-        rotary = {key: self._rotary(like, positions, key) for key in self.rotary_key_set}
+        positions = group[0].position_ids if len(group) == 1 else torch.cat([s.position_ids for s in group])  # [rows]
+        rotary = self._rotary_inputs(positions, max(s.start_slot + s.input_ids.shape[0] for s in group))
         inputs, row = [], 0
         for s in group:
             num_tokens = s.input_ids.shape[0]
@@ -237,7 +240,17 @@ class DecoderRunner:
             inputs.append(SegmentInputs(s.cache, s.start_slot, row, row + num_tokens, s.allowed, s.position_ids, masks,
                                         alone=len(group) == 1))
             row += num_tokens
-        return GroupInputs(positions, rotary, inputs, self.dtype)
+        return GroupInputs(positions[None], rotary, inputs, self.dtype)
+
+    def _rotary_inputs(self, positions: torch.Tensor, bound: int) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+        """Per rotary key, (cos, sin) of `positions` ([rows], each < bound): [1, rows, rotary dim] each, looked
+        up in the rotary tables where the model has them, else from the model's rotary module."""
+        weight = self.embed_tokens.weight  # the rotary module reads dtype and device off it
+        if self.rotary_tables is not None:
+            rotary = self.rotary_tables.lookup(weight, positions, bound)
+            if rotary is not None:
+                return rotary
+        return {key: self._rotary(weight[:1, None], positions[None], key) for key in self.rotary_key_set}
 
     def _rotary(self, like: torch.Tensor, positions: torch.Tensor, key: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) of `positions` ([1, rows]) from the model's rotary module: [1, rows, rotary dim] each."""
