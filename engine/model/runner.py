@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.model import families, linear_attention
-from engine.model.attention import additive_mask, attend, attention_backends, window_masks
+from engine.model.attention import additive_mask, attend, attention_backends, sdpa_backends, window_masks
 from engine.model.hf_attention import GroupInputs, SegmentInputs, engine_attention
 from engine.model.hybrid_cache import HybridCache
 from engine.model.kv_cache import KVCache
@@ -200,7 +200,7 @@ class DecoderRunner:
         plans = [self._group_inputs(group) for group in groups]
         hidden = [self.embed(torch.cat([s.input_ids for s in group]))[None] for group in groups]
         self.layers.begin_pass()
-        with self._attention_kernels(), engine_attention(self.config):
+        with self.attention_kernels(), engine_attention(self.config):
             for idx in range(self.layers.num_layers):
                 with self.layers.layer(idx) as layer:
                     for g, plan in enumerate(plans):
@@ -276,9 +276,10 @@ class DecoderRunner:
         parts = logits[0].float().split(counts)  # [sum(counts), vocab]
         return [part if count else None for part, count in zip(parts, counts, strict=True)]
 
-    def _attention_kernels(self) -> AbstractContextManager[None]:
-        """Enables the SDPA kernels of this pass: attention_backends, unless a check pinned its own."""
-        return sdpa_kernel(self.attention_backends or attention_backends(self.device))
+    def attention_kernels(self) -> AbstractContextManager[object]:
+        """Enables the SDPA kernels of this model's passes: attention_backends, unless a check pinned its own
+        (nothing to enter where the flags already say so: attention.sdpa_backends)."""
+        return sdpa_backends(self.attention_backends or attention_backends(self.device), self.device)
 
     def attention_accepts(self, backend: SDPBackend, cache: KVCache, num_tokens: int) -> bool:
         """Whether `backend` alone runs this model's attention over `num_tokens` new tokens after the

@@ -4,7 +4,8 @@
   the module's own output at those positions bit for bit, for every family (default, linear, yarn rope) and
   llama3 rope, fp32 and bf16, across table growth; rope types whose frequencies move are computed per pass;
 - a pass (prefill chunks, then a tree) gives the same logits and cache contents, bit for bit, as the path it
-  replaced (cos/sin from the module each pass), and SDPA runs the same kernel;
+  replaced (cos/sin from the module each pass, sdpa_kernel entered each pass), and SDPA runs the same kernel;
+- sdpa_kernel is skipped only where the flags SDPA reads on the device already say the same;
 - a pass that grows the tables reads nothing on the host.
 """
 
@@ -12,9 +13,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM
 
+import engine.model.attention as attention
 import engine.model.rotary_table as rotary_table
+import engine.model.runner as runner_module
 from engine.model.kv_cache import KVCache
 from engine.model.rotary_table import static_rope
 from engine.model.runner import DecoderRunner
@@ -95,9 +99,10 @@ def passes(runner: DecoderRunner, dtype: torch.dtype) -> tuple[list[torch.Tensor
 
 
 @pytest.mark.parametrize(("family", "dtype", "rope"), CASES, ids=CASE_IDS)
-def test_a_pass_equals_the_replaced_path_bitwise(family, dtype, rope):
+def test_a_pass_equals_the_replaced_path_bitwise(family, dtype, rope, monkeypatch):
     model = build(family, dtype, rope)
     new_logits, new_cache, new_ops = passes(DecoderRunner(model), dtype)
+    monkeypatch.setattr(runner_module, "sdpa_backends", lambda backends, device: sdpa_kernel(backends))
     old = DecoderRunner(model)
     old.rotary_tables = None
     old_logits, old_cache, old_ops = passes(old, dtype)
@@ -119,6 +124,28 @@ def test_past_the_largest_table_a_pass_computes_its_own(monkeypatch):
     old.rotary_tables = None
     for got, want in zip(logits, passes(old, torch.float32)[0], strict=True):
         assert torch.equal(got, want)
+
+
+def test_sdpa_kernel_is_entered_only_where_the_flags_differ():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # a device object: no CUDA needed
+    cpu_backends, cuda_backends = attention.attention_backends(cpu), attention.attention_backends(cuda)
+    assert attention.sdpa_backends(cpu_backends, cpu) is attention.NO_CONTEXT  # the default flags
+    assert attention.sdpa_backends([SDPBackend.MATH], cpu) is not attention.NO_CONTEXT  # a pinned kernel
+    assert attention.sdpa_backends(cuda_backends, cuda) is not attention.NO_CONTEXT  # CUDA reads every flag
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert attention.sdpa_backends(cpu_backends, cpu) is not attention.NO_CONTEXT
+    with sdpa_kernel(cuda_backends):  # inside a step that entered them (engine.speculation.batch)
+        assert attention.sdpa_backends(cuda_backends, cuda) is attention.NO_CONTEXT
+        assert attention.sdpa_backends(cpu_backends, cpu) is not attention.NO_CONTEXT  # flash is off here
+
+
+def test_a_pinned_kernel_still_runs():
+    runner = DecoderRunner(build("llama"))
+    runner.attention_backends = [SDPBackend.MATH]
+    _, _, ops = passes(runner, torch.float32)
+    assert ops == {"aten::_scaled_dot_product_attention_math"}, ops
+    _, _, ops = passes(DecoderRunner(build("llama")), torch.float32)
+    assert ops == {"aten::_scaled_dot_product_flash_attention_for_cpu"}, ops
 
 
 def test_a_pass_growing_the_tables_reads_nothing_on_the_host():
