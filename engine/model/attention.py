@@ -65,9 +65,8 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[1, 1, n, kv_len] additive mask (0 where allowed, finfo.min elsewhere) whose rows start at
     MASK_ALIGN-aligned offsets: a view of masked_rows storage, the padding masked too."""
     num_tokens, kv_len = allowed.shape
-    mask = masked_rows(num_tokens, kv_len, dtype, allowed.device)
-    mask[:, :kv_len].masked_fill_(allowed, 0.0)
-    return mask[None, None, :, :kv_len]
+    rows = masked_rows(num_tokens, kv_len, dtype, allowed.device)[:, :kv_len]
+    return rows.masked_fill_(allowed, 0.0)[None, None]
 
 
 def causal_additive_mask(num_tokens: int, start_slot: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

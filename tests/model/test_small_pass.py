@@ -4,7 +4,8 @@
   the module's own output at those positions bit for bit, for every family (default, linear, yarn rope) and
   llama3 rope, fp32 and bf16, across table growth; rope types whose frequencies move are computed per pass;
 - a pass (prefill chunks, then a tree) gives the same logits and cache contents, bit for bit, as the path it
-  replaced (cos/sin from the module each pass, sdpa_kernel entered each pass), and SDPA runs the same kernel;
+  replaced (cos/sin from the module each pass, sdpa_kernel entered each pass, per-pass cache views and
+  masks as they were made), and SDPA runs the same kernel;
 - sdpa_kernel is skipped only where the flags SDPA reads on the device already say the same;
 - a pass that grows the tables reads nothing on the host.
 """
@@ -79,6 +80,21 @@ def test_rope_types_whose_frequencies_move_are_computed_per_pass():
     assert static_rope(type("Rotary", (torch.nn.Module,), {"rope_type": {"a": "linear", "b": "default"}})())
 
 
+def old_pass_views(self, start_slot, num_tokens):
+    """KVCache.pass_views before the per-cache grouped views."""
+    end = start_slot + num_tokens
+    new = self.keys[:, :, start_slot:end].unsqueeze(1), self.values[:, :, start_slot:end].unsqueeze(1)
+    return (*new, self.keys[:, :, :end].unsqueeze(2), self.values[:, :, :end].unsqueeze(2))
+
+
+def old_additive_mask(allowed, dtype):
+    """attention.additive_mask before its single slice."""
+    num_tokens, kv_len = allowed.shape
+    mask = attention.masked_rows(num_tokens, kv_len, dtype, allowed.device)
+    mask[:, :kv_len].masked_fill_(allowed, 0.0)
+    return mask[None, None, :, :kv_len]
+
+
 def passes(runner: DecoderRunner, dtype: torch.dtype) -> tuple[list[torch.Tensor], KVCache, set[str]]:
     """Causal prefill in chunks of 4, a causal pass with logits, then a tree pass: logits, cache, and the SDPA
     kernels of the last two passes (the profiler's names: the dispatch sees only scaled_dot_product_attention)."""
@@ -103,6 +119,8 @@ def test_a_pass_equals_the_replaced_path_bitwise(family, dtype, rope, monkeypatc
     model = build(family, dtype, rope)
     new_logits, new_cache, new_ops = passes(DecoderRunner(model), dtype)
     monkeypatch.setattr(runner_module, "sdpa_backends", lambda backends, device: sdpa_kernel(backends))
+    monkeypatch.setattr(KVCache, "pass_views", old_pass_views)
+    monkeypatch.setattr(attention, "additive_mask", old_additive_mask)
     old = DecoderRunner(model)
     old.rotary_tables = None
     old_logits, old_cache, old_ops = passes(old, dtype)
@@ -111,6 +129,16 @@ def test_a_pass_equals_the_replaced_path_bitwise(family, dtype, rope, monkeypatc
     for name in ("keys", "values", "positions"):
         assert torch.equal(getattr(new_cache, name), getattr(old_cache, name)), name
     assert new_ops == old_ops, (new_ops, old_ops)
+
+
+def test_masks_and_cache_views_keep_their_layout():
+    allowed = torch.rand(5, 37, generator=torch.Generator().manual_seed(1)) < 0.5
+    got, want = attention.additive_mask(allowed, torch.float32), old_additive_mask(allowed, torch.float32)
+    assert torch.equal(got, want) and got.stride() == want.stride() and got.storage_offset() == want.storage_offset()
+    cache = KVCache(3, 2, 8, 40, torch.float32, torch.device("cpu"))
+    for got, want in zip(cache.pass_views(9, 5), old_pass_views(cache, 9, 5), strict=True):
+        assert got.shape == want.shape and got.data_ptr() == want.data_ptr()
+        assert all(a == b for a, b, size in zip(got.stride(), want.stride(), got.shape, strict=True) if size > 1)
 
 
 def test_past_the_largest_table_a_pass_computes_its_own(monkeypatch):
