@@ -9,12 +9,25 @@ at a time.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 MASK_ALIGN = 16  # mask rows start at multiples of 16 elements, as the memory-efficient kernel reads them
 EAGER_SCORES_BYTES = 128 * 2**20  # attend_eager: fp32 scores of at most this many bytes at a time
+# the global flags `sdpa_kernel` sets (torch.nn.attention), read without it
+SDPA_FLAGS = {
+    SDPBackend.FLASH_ATTENTION: torch._C._get_flash_sdp_enabled,
+    SDPBackend.EFFICIENT_ATTENTION: torch._C._get_mem_efficient_sdp_enabled,
+    SDPBackend.MATH: torch._C._get_math_sdp_enabled,
+    SDPBackend.CUDNN_ATTENTION: torch._C._get_cudnn_sdp_enabled,
+    SDPBackend.OVERRIDEABLE: torch._C._get_overrideable_sdp_enabled,
+}
+# SDPA's kernel choice on a CPU tensor reads the flash and math flags alone (ATen's select_sdp_backend_cpp:
+# flash where it applies, else math)
+NO_CONTEXT = nullcontext()  # reentrant, shared
 
 
 def attention_backends(device: torch.device) -> list[SDPBackend]:
@@ -27,6 +40,21 @@ def attention_backends(device: torch.device) -> list[SDPBackend]:
     return [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
+def sdpa_backends(backends: list[SDPBackend], device: torch.device) -> AbstractContextManager[object]:
+    """`sdpa_kernel(backends)`, or nothing where the flags SDPA reads on `device` already enable exactly
+    `backends`, so that SDPA picks the same kernel either way: a CPU pass under the default flags (~25 us a
+    pass saved), or any pass inside a step that entered the same backends (engine.speculation.batch). On
+    CUDA SDPA reads every flag, so outside such a step, under the default flags (every backend enabled),
+    sdpa_kernel is entered as before and SDPA picks what it picked."""
+    if device.type == "cpu":
+        if (torch._C._get_flash_sdp_enabled() == (SDPBackend.FLASH_ATTENTION in backends)
+                and torch._C._get_math_sdp_enabled() == (SDPBackend.MATH in backends)):
+            return NO_CONTEXT
+    elif all(flag() == (backend in backends) for backend, flag in SDPA_FLAGS.items()):
+        return NO_CONTEXT
+    return sdpa_kernel(backends)
+
+
 def masked_rows(num_tokens: int, kv_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[n, kv_len rounded up to MASK_ALIGN] filled with finfo.min: storage for aligned mask rows."""
     padded_len = -(-kv_len // MASK_ALIGN) * MASK_ALIGN
@@ -37,9 +65,8 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[1, 1, n, kv_len] additive mask (0 where allowed, finfo.min elsewhere) whose rows start at
     MASK_ALIGN-aligned offsets: a view of masked_rows storage, the padding masked too."""
     num_tokens, kv_len = allowed.shape
-    mask = masked_rows(num_tokens, kv_len, dtype, allowed.device)
-    mask[:, :kv_len].masked_fill_(allowed, 0.0)
-    return mask[None, None, :, :kv_len]
+    rows = masked_rows(num_tokens, kv_len, dtype, allowed.device)[:, :kv_len]
+    return rows.masked_fill_(allowed, 0.0)[None, None]
 
 
 def causal_additive_mask(num_tokens: int, start_slot: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -28,6 +28,8 @@ class KVCache:
         self.length = 0  # committed slots
         # model layer -> its row of keys/values (every layer here; a hybrid cache maps attention layers only)
         self.layer_rows: range | dict[int, int] = range(num_layers)
+        # every slot with pass_views' extra axes, once (a pass then takes one slice of each)
+        self.grouped = tuple(t.unsqueeze(axis) for axis in (1, 2) for t in (self.keys, self.values))
 
     @property
     def device(self) -> torch.device:
@@ -66,8 +68,9 @@ class KVCache:
           query attention expands over a KV head's query group (the strides of `view(...)[0][:, None]`)."""
         end = start_slot + num_tokens
         assert end <= self.capacity, f"KV cache overflow: slot {end} > capacity {self.capacity}"
-        new = self.keys[:, :, start_slot:end].unsqueeze(1), self.values[:, :, start_slot:end].unsqueeze(1)
-        return (*new, self.keys[:, :, :end].unsqueeze(2), self.values[:, :, :end].unsqueeze(2))
+        new_keys, new_values, keys, values = self.grouped  # the size-1 axis's stride aside, the same views as
+        # keys[:, :, start_slot:end].unsqueeze(1) and keys[:, :, :end].unsqueeze(2) (expanded, or dropped, by every reader)
+        return new_keys[:, :, :, start_slot:end], new_values[:, :, :, start_slot:end], keys[:, :, :, :end], values[:, :, :, :end]
 
     def commit(self, slots: torch.Tensor) -> None:
         """Append the rows at `slots` ([m], ascending positions) to the committed prefix."""

@@ -15,8 +15,8 @@ over each segment's tree (engine.model.linear_attention) and their state in a Hy
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,11 +25,12 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.model import families, linear_attention
-from engine.model.attention import additive_mask, attend, attention_backends, window_masks
+from engine.model.attention import additive_mask, attend, attention_backends, sdpa_backends, window_masks
 from engine.model.hf_attention import GroupInputs, SegmentInputs, engine_attention
 from engine.model.hybrid_cache import HybridCache
 from engine.model.kv_cache import KVCache
 from engine.model.linear_state import LinearShape
+from engine.model.rotary_table import RotaryTables, static_rope
 
 # wrappers transformers puts around a decoder layer's forward that do nothing in the engine's pass, skipped
 # (by the wrapper function's own name): gradient checkpointing (training only; 5.24 wraps forward, 5.17
@@ -65,9 +66,8 @@ class ResidentLayers:
     def begin_pass(self) -> None:
         return None
 
-    @contextmanager
-    def layer(self, idx: int) -> Iterator[nn.Module]:
-        yield self.layers[idx]
+    def layer(self, idx: int) -> AbstractContextManager[nn.Module]:
+        return nullcontext(self.layers[idx])  # a generator-based context manager cost ~2 us a layer
 
 
 @dataclass
@@ -75,7 +75,8 @@ class Segment:
     """One sequence's tokens in a pass: input_ids [n] written to `cache` slots [start_slot, start_slot + n)."""
 
     input_ids: torch.Tensor  # [n] long
-    position_ids: torch.Tensor  # [n] long
+    # [n] long, each < start_slot + n: a token's predecessors and itself sit in slots below that (rotary tables)
+    position_ids: torch.Tensor
     cache: KVCache
     start_slot: int
     allowed: torch.Tensor | None  # [n, start_slot + n] bool; None: causal, each token at position == slot
@@ -116,6 +117,7 @@ class DecoderRunner:
         # embedding is smaller than the target's padded vocabulary); None: every fed id is embeddable
         self.fallback_input_id: int | None = None
         self.windows = families.layer_windows(cfg, self.hf_layers)  # per layer, None = full
+        self.window_set = set(self.windows)
         # per layer: a Gated DeltaNet layer (recurrent state in a HybridCache) rather than attention
         self.linear_layers = [hasattr(layer, "linear_attn") for layer in self.hf_layers]
         self.attention_layers = [idx for idx, linear in enumerate(self.linear_layers) if not linear]
@@ -124,6 +126,8 @@ class DecoderRunner:
                 linear_attention.install(type(layer.linear_attn))
         self.rotary_keys = self._rotary_keys()  # per layer: which rotary table it reads
         self.rotary_key_set = sorted(set(self.rotary_keys), key=str)
+        # cos/sin by position from tables the rotary module made (None: computed per pass, engine.model.rotary_table)
+        self.rotary_tables = RotaryTables(self.rotary_emb, self.rotary_key_set) if static_rope(self.rotary_emb) else None
         # per layer: its class's forward, called as forward(layer, ...): no module hooks (the engine sets none)
         self.layer_forwards = [plain_forward(type(layer)) for layer in self.hf_layers]
         self.attention_backends: list[SDPBackend] | None = None  # None: by device; a GPU check may pin one
@@ -194,9 +198,10 @@ class DecoderRunner:
         segment sees what earlier groups wrote at that layer (prefill chunks, then trees after them).
         Returns, per group and segment, [rows, vocab] float32 logits (None where no rows are asked)."""
         plans = [self._group_inputs(group) for group in groups]
-        hidden = [self.embed(torch.cat([s.input_ids for s in group]))[None] for group in groups]
+        hidden = [self.embed(group[0].input_ids if len(group) == 1 else torch.cat([s.input_ids for s in group]))[None]
+                  for group in groups]
         self.layers.begin_pass()
-        with self._attention_kernels(), engine_attention(self.config):
+        with self.attention_kernels(), engine_attention(self.config):
             for idx in range(self.layers.num_layers):
                 with self.layers.layer(idx) as layer:
                     for g, plan in enumerate(plans):
@@ -222,9 +227,8 @@ class DecoderRunner:
     def _group_inputs(self, group: list[Segment]) -> GroupInputs:
         """Positions written to each cache; rotary tables of the group's rows; masks for segments with
         an explicit `allowed`."""
-        positions = torch.cat([s.position_ids for s in group])[None]  # [1, rows]
-        like = self.embed_tokens.weight[:1, None]  # the rotary module reads dtype and device off it
-        rotary = {key: self._rotary(like, positions, key) for key in self.rotary_key_set}
+        positions = group[0].position_ids if len(group) == 1 else torch.cat([s.position_ids for s in group])  # [rows]
+        rotary = self._rotary_inputs(positions, max(s.start_slot + s.input_ids.shape[0] for s in group))
         inputs, row = [], 0
         for s in group:
             num_tokens = s.input_ids.shape[0]
@@ -233,11 +237,21 @@ class DecoderRunner:
             masks = {}
             if s.allowed is not None:
                 assert s.allowed.shape == (num_tokens, kv_len), f"mask {tuple(s.allowed.shape)} != {(num_tokens, kv_len)}"
-                masks = window_masks(s.allowed, s.position_ids, s.cache.positions[:kv_len], set(self.windows), self.dtype)
+                masks = window_masks(s.allowed, s.position_ids, s.cache.positions[:kv_len], self.window_set, self.dtype)
             inputs.append(SegmentInputs(s.cache, s.start_slot, row, row + num_tokens, s.allowed, s.position_ids, masks,
                                         alone=len(group) == 1))
             row += num_tokens
-        return GroupInputs(positions, rotary, inputs, self.dtype)
+        return GroupInputs(positions[None], rotary, inputs, self.dtype)
+
+    def _rotary_inputs(self, positions: torch.Tensor, bound: int) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+        """Per rotary key, (cos, sin) of `positions` ([rows], each < bound): [1, rows, rotary dim] each, looked
+        up in the rotary tables where the model has them, else from the model's rotary module."""
+        weight = self.embed_tokens.weight  # the rotary module reads dtype and device off it
+        if self.rotary_tables is not None:
+            rotary = self.rotary_tables.lookup(weight, positions, bound)
+            if rotary is not None:
+                return rotary
+        return {key: self._rotary(weight[:1, None], positions[None], key) for key in self.rotary_key_set}
 
     def _rotary(self, like: torch.Tensor, positions: torch.Tensor, key: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) of `positions` ([1, rows]) from the model's rotary module: [1, rows, rotary dim] each."""
@@ -263,9 +277,10 @@ class DecoderRunner:
         parts = logits[0].float().split(counts)  # [sum(counts), vocab]
         return [part if count else None for part, count in zip(parts, counts, strict=True)]
 
-    def _attention_kernels(self) -> AbstractContextManager[None]:
-        """Enables the SDPA kernels of this pass: attention_backends, unless a check pinned its own."""
-        return sdpa_kernel(self.attention_backends or attention_backends(self.device))
+    def attention_kernels(self) -> AbstractContextManager[object]:
+        """Enables the SDPA kernels of this model's passes: attention_backends, unless a check pinned its own
+        (nothing to enter where the flags already say so: attention.sdpa_backends)."""
+        return sdpa_backends(self.attention_backends or attention_backends(self.device), self.device)
 
     def attention_accepts(self, backend: SDPBackend, cache: KVCache, num_tokens: int) -> bool:
         """Whether `backend` alone runs this model's attention over `num_tokens` new tokens after the
