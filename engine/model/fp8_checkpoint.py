@@ -1,4 +1,4 @@
-"""Loading block-wise FP8 checkpoints (engine.model.fp8) with no quantization library.
+"""Loading FP8 checkpoints, block-wise or per tensor (engine.model.fp8), with no quantization library.
 
     model = load_fp8_checkpoint(folder, fmt, dtype, home)
 
@@ -11,6 +11,8 @@ files (engine.offload.loader.materialize), converted to `dtype` as for a plain c
   those bytes (the disk source reads them as the files store them);
 - a map outside the decoder layers (a quantized lm_head) is dequantized once here into a plain weight of
   `dtype`, so the embeddings, head and norms load as usual.
+A per-tensor checkpoint's static activation scales (`activation_scale` / `input_scale`) are in no module,
+so nothing reads them: the dequantization is weights only (engine.model.fp8).
 """
 
 from __future__ import annotations

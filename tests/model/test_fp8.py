@@ -1,8 +1,12 @@
-"""Block-wise FP8 checkpoints (quant_method fp8, Qwen3-*-FP8's layout), written by tests/helpers/fp8_checkpoints.py
-with the test's own quantizer, loaded with no quantization library (engine.model.fp8_checkpoint):
+"""FP8 checkpoints (quant_method fp8), block-wise (Qwen3-*-FP8's layout) and per tensor (Mistral's FP8 releases),
+written by tests/helpers/fp8_checkpoints.py with the test's own quantizer, loaded with no quantization library
+(engine.model.fp8_checkpoint):
 
 - a tiny Llama (hidden 128: blocks whole, k/v projections of 64 rows a partial block) and a tiny Qwen3 (hidden
   192: partial blocks along both dimensions, its lm_head quantized too, dequantized at load);
+- per tensor ("llama-pt", "ministral3-pt"): one float32 weight_scale_inv per projection (shape [] and [1])
+  and a static activation scale beside it (activation_scale, input_scale) that loads as nothing; the
+  Ministral 3 one also as a Mistral3ForConditionalGeneration release (language_model.model.*);
 - the loaded weights equal, bit for bit in float32, those the test dequantized itself from the files, and what
   transformers' own FP8 dequantization (Fp8Dequantize, what FineGrainedFP8Config(dequantize=True) runs) makes
   of the whole blocks;
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,7 +33,13 @@ from engine.offload.layout import ALIGN, layer_tensors, layout_of
 from engine.offload.ring import LayerStreamer
 from engine.runtime import Engine
 from engine.types import CheckpointError, Request, SamplingParams
-from tests.helpers.fp8_checkpoints import dense_weights, dequantized_model, quantize, write_fp8
+from tests.helpers.fp8_checkpoints import (
+    as_mistral3_release,
+    dense_weights,
+    dequantized_model,
+    quantize,
+    write_fp8,
+)
 from tests.helpers.offload_passes import assert_same_logits, run_passes, streamed_runner
 from tests.helpers.tiny_models import make_tiny_pair
 
@@ -37,6 +48,8 @@ NEW_TOKENS = 16
 TIE_GAP = 1e-4
 PROMPT = [5, 17, 42, 9, 77, 130, 64, 3, 200, 31, 8, 99]
 MODELS = {"llama": 128, "qwen3": 192}  # hidden sizes: a multiple of 128, and one that is not
+# per-tensor checkpoints: family, hidden size, the scales' shape and the activation scale's name
+PER_TENSOR = {"llama-pt": ("llama", 128, (), "activation_scale"), "ministral3-pt": ("ministral3", 96, (1,), "input_scale")}
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +59,10 @@ def checkpoints(tmp_path_factory) -> dict[str, dict[str, Path]]:
     for arch, hidden in MODELS.items():
         target, draft = make_tiny_pair(root / arch, arch=arch, draft="noisy", seed=3, layers=NUM_LAYERS, hidden=hidden)
         out[arch] = {"fp32": target, "draft": draft, "fp8": write_fp8(target, root / arch / "fp8", arch == "qwen3")}
+    for name, (arch, hidden, shape, activation) in PER_TENSOR.items():
+        target, draft = make_tiny_pair(root / name, arch=arch, draft="noisy", seed=5, layers=NUM_LAYERS, hidden=hidden)
+        out[name] = {"fp32": target, "draft": draft,
+                     "fp8": write_fp8(target, root / name / "fp8", per_tensor=(shape, activation))}
     return out
 
 
@@ -88,6 +105,27 @@ def test_transformers_own_dequantization_agrees(checkpoints) -> None:
     assert compared == 7 * NUM_LAYERS
 
 
+@pytest.mark.parametrize("arch", PER_TENSOR)
+def test_per_tensor_weights_are_the_tests_own_and_transformers(checkpoints, arch) -> None:
+    """One scale per tensor multiplies (transformers' _dequantize_fp8_weight: weight.mul_(scale)); the
+    activation scales are in the files but in no module."""
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    folder = checkpoints[arch]["fp8"]
+    model = checkpoint.load_model(str(folder), torch.float32)
+    want = dense_weights(folder)
+    maps = fp8_maps(model)
+    assert len(maps) == 7 * NUM_LAYERS
+    for name, module in maps.items():
+        assert module.fmt.block is None and tuple(module.weight_scale_inv.shape) == PER_TENSOR[arch][2]
+        assert torch.equal(module.weight_now(torch.float32), want[f"{name}.weight"]), name
+        theirs = Fp8Dequantize(None)._dequantize_one(module.weight, module.weight_scale_inv, torch.float32)
+        assert torch.equal(theirs, want[f"{name}.weight"]), name
+        assert torch.equal(module.weight_now(torch.bfloat16), want[f"{name}.weight"].bfloat16()), name  # rounded once
+    assert not any(name.endswith(("activation_scale", "input_scale")) for name, _ in model.named_buffers())
+    assert type(model.lm_head) is torch.nn.Linear and torch.equal(model.lm_head.weight, want["lm_head.weight"])
+
+
 @pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
                     reason="accelerate is not installed (transformers' FP8 loading requires it)")
 def test_transformers_loads_the_llama_checkpoint_to_the_same_weights(checkpoints) -> None:
@@ -122,12 +160,13 @@ def reference(folder: Path, fp32: Path) -> tuple[list[int], torch.Tensor]:
 
 
 @pytest.mark.parametrize("mode", ["resident", "ram", "disk"])
-@pytest.mark.parametrize("arch", MODELS)
-def test_greedy_speculation_equals_the_dequantized_model(checkpoints, arch, mode) -> None:
-    paths = checkpoints[arch]
+@pytest.mark.parametrize("arch", [*MODELS, *PER_TENSOR, "ministral3-pt-release"])
+def test_greedy_speculation_equals_the_dequantized_model(checkpoints, tmp_path, arch, mode) -> None:
+    paths = checkpoints[arch.removesuffix("-release")]
     want, gaps = reference(paths["fp8"], paths["fp32"])
+    target = paths["fp8"] if not arch.endswith("-release") else as_mistral3_release(paths["fp8"], tmp_path / "release")
     offload = OffloadConfig() if mode == "resident" else OffloadConfig(enabled=True, source=mode, resident_layers=1)
-    engine = Engine.load(EngineConfig(model=ModelConfig(target=str(paths["fp8"]), draft=str(paths["draft"])),
+    engine = Engine.load(EngineConfig(model=ModelConfig(target=str(target), draft=str(paths["draft"])),
                                       speculation=SpeculationConfig(budget=16), offload=offload,
                                       limits=LimitsConfig(max_context=64)))
     try:
@@ -161,11 +200,15 @@ def test_streamed_logits_equal_resident(checkpoints, source) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("arch", MODELS)
-def test_the_plans_count_the_loaded_bytes(checkpoints, arch, dtype) -> None:
-    folder = checkpoints[arch]["fp8"]
+@pytest.mark.parametrize("arch", [*MODELS, *PER_TENSOR, "ministral3-pt-release"])
+def test_the_plans_count_the_loaded_bytes(checkpoints, tmp_path, arch, dtype) -> None:
+    folder = checkpoints[arch.removesuffix("-release")]["fp8"]
+    if arch.endswith("-release"):
+        folder = as_mistral3_release(folder, tmp_path / "release")
     runner = DecoderRunner(checkpoint.load_model(str(folder), dtype))
     config = json.loads((folder / "config.json").read_text())
+    if arch.endswith("-release"):
+        config = {**config["text_config"], "quantization_config": config["quantization_config"]}
     counted = config_shapes.weight_bytes(config, dtype.itemsize)
     loaded = [sum(t.numel() * t.element_size() for t in layer_tensors(layer).values()) for layer in runner.hf_layers]
     assert list(counted.layers) == loaded
@@ -181,9 +224,9 @@ def test_the_plans_count_the_loaded_bytes(checkpoints, arch, dtype) -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"weight_block_size": None}, "only block-wise FP8"),
-    ({"activation_scheme": "static"}, "dynamic activations"),
-    ({"scale_fmt": "ue8m0"}, "float32 block scales"),
+    ({"weight_block_size": [128]}, "only block-wise FP8"),
+    ({"fmt": "e5m2"}, "only e4m3 weights"),
+    ({"scale_fmt": "ue8m0"}, "float32 scales"),
     ({"modules_to_convert": ["model.embed_tokens"]}, "FP8 embeddings"),
 ])
 def test_unsupported_fp8_variants_are_refused(checkpoints, tmp_path, change, message) -> None:
@@ -205,3 +248,18 @@ def test_fp8_moe_and_compressed_tensors_fp8_are_refused(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "quantization_config": quant}))
     with pytest.raises(CheckpointError, match="float-quantized' \\(FP8 W8A8\\) is not supported"):
         checkpoint.read_config(str(tmp_path))
+
+
+def test_per_output_channel_scales_are_refused(checkpoints, tmp_path) -> None:
+    """A [N, 1] scale (one per output row) under weight_block_size null: not transformers' per-tensor layout."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "per-channel"
+    shutil.copytree(checkpoints["llama-pt"]["fp8"], folder)
+    state = load_file(str(folder / "model.safetensors"))
+    name = "model.layers.1.mlp.down_proj.weight_scale_inv"
+    state[name] = state[name].reshape(1, 1).expand(state[name.replace("_scale_inv", "")].shape[0], 1).contiguous()
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="one scale per tensor") as refused:
+        checkpoint.load_model(str(folder), torch.float32)
+    assert "\n" not in str(refused.value)
