@@ -176,8 +176,8 @@ def weight_bytes(config: dict, dtype_bytes: int, gptq_kernel: str = "dequantize"
 
 
 def fp8_weight_bytes(config: dict, dtype_bytes: int) -> ConfigBytes:
-    """A block-wise FP8 checkpoint's bytes: each decoder layer as the family's layer class holds it, its linear
-    maps (less those modules_to_not_convert names) as stored, 1 byte a weight plus float32 block scales; the
+    """An FP8 checkpoint's bytes: each decoder layer as the family's layer class holds it, its linear
+    maps (less those modules_to_not_convert names) as stored, 1 byte a weight plus float32 scales (per block or per tensor); the
     rest, a quantized head included (dequantized at load), at the load dtype; and the largest map's per-call
     dequantization scratch (engine.model.fp8)."""
     from engine.model import fp8

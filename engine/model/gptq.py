@@ -72,7 +72,7 @@ def missing_modules() -> list[str]:
 
 def check_loadable(path: str, config: dict) -> None:
     """Raise CheckpointError unless this install can load `config`'s quantization (AWQ and
-    compressed-tensors 4-bit and block-wise FP8 need no extra: engine.model.int4_checkpoint, fp8_checkpoint)."""
+    compressed-tensors 4-bit and FP8 (block-wise or per-tensor) need no extra: engine.model.int4_checkpoint, fp8_checkpoint)."""
     from engine.model import fp8, int4_formats
 
     method = quant_method(config)

@@ -5,7 +5,7 @@
 Bytes per tensor come from the headers (dtype and offsets), converted to the load dtype where the
 load converts (floating tensors; packed integer tensors load as stored, except GPT-OSS's MXFP4 experts,
 which load dequantized: two values a byte of their blocks, their scales nothing; an FP8 checkpoint's layer
-maps load as stored, its weight and float32 block scales); Mixtral's per-expert
+maps load as stored, its weight and float32 scales); Mixtral's per-expert
 tensors count once, as the fused tensor they load into. What stays in host memory depends on the
 path the target loads by:
 - an offloaded plain checkpoint streams tensor by tensor (engine.offload.loader): the RAM store (RAM
