@@ -1,5 +1,6 @@
 """bench.families compares like with like: its hand-written baseline (the pre-issue-35 Llama layer step)
-and the generic path give the same logits, resident and streamed, and its paired timing runs."""
+(and, `--baseline today`, that step over today's engine attention) and the generic path give the same
+logits, resident and streamed, and its paired timing runs."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ def target(tmp_path_factory) -> str:
     return str(target)
 
 
+@pytest.mark.parametrize("baseline", ["old", "today"])
 @pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])
-def test_the_two_paths_agree_and_are_timed(target, streamed):
-    pair = runner_pair(target, streamed)
+def test_the_two_paths_agree_and_are_timed(target, streamed, baseline):
+    """Either baseline (the pre-issue-35 step, or the hand-written step over today's engine attention)."""
+    pair = runner_pair(target, streamed, baseline=baseline)
     try:
         assert check_equal(pair) < 1e-5
         hand, generic, ratio = measure_pairs(pair, num_tokens=4, num_pairs=3)
