@@ -13,6 +13,7 @@ from pathlib import Path
 from engine.config import require
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+REASONING_FORMATS = ("auto", "none")  # server/reasoning.py
 TOOL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "none")  # server/toolcalls/parsers.py
 API_KEY_ENV = "SPECEXEC_API_KEY"
 GENERATION_CONFIG = ("auto", "none")  # where left-out sampling fields come from (server/sampling_defaults.py)
@@ -27,6 +28,9 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # browser origins allowed; ("*",) allows any
     chat_template: str | None = None  # Jinja file overriding the tokenizer's chat_template
     tool_parser: str = "auto"  # tool-call format; auto: from the chat template; none: no tool calls
+    # auto: a chat reply's leading <think> block is reasoning (reasoning_content / thinking), when the
+    # chat template or tokenizer has the tags (server/reasoning.py); none: all of it is content
+    reasoning_format: str = "auto"
     webui: bool = True  # the chat page at / (server/webui/); off: / answers plain text
     # model ids over HTTP, all accepted, the first listed first by /v1/models (and echoed when a
     # request names none); a string is one name; (): the engine's model name
@@ -94,6 +98,8 @@ class ServerConfig:
                 f"must be one of {', '.join(GENERATION_CONFIG)}, got {self.generation_config!r}")
         require(self.json_whitespace in JSON_WHITESPACE, "server.json_whitespace",
                 f"must be one of {', '.join(JSON_WHITESPACE)}, got {self.json_whitespace!r}")
+        require(self.reasoning_format in REASONING_FORMATS, "server.reasoning_format",
+                f"must be one of {', '.join(REASONING_FORMATS)}")
         require(self.tool_parser in TOOL_PARSERS, "server.tool_parser", f"must be one of {', '.join(TOOL_PARSERS)}")
         self._check_limits()
 

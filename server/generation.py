@@ -33,8 +33,9 @@ from server.json_pieces import dumps_in_pieces
 from server.logprobs import LogprobFormat
 from server.metrics import Metrics
 from server.preparation import Lane
+from server.reasoning import ReasoningSplitter
 from server.responses import Envelope
-from server.toolcalls.output import ToolOutput
+from server.toolcalls.output import Delta, ToolOutput
 from server.trace import StepTrace
 
 log = logging.getLogger("specexec.server")
@@ -49,9 +50,10 @@ class GenerationFailed(RuntimeError):
 class Generation:
     def __init__(self, async_engine: AsyncEngine, request: Request, text: TextStream, metrics: Metrics,
                  endpoint: str, *, logprobs: LogprobFormat | None = None, tools: ToolOutput | None = None,
-                 trace: StepTrace | None = None):
+                 reasoning: ReasoningSplitter | None = None, trace: StepTrace | None = None):
         self.request = request
         self.tools = tools  # None: plain text; else reads tool calls out of the text (server/toolcalls/)
+        self.reasoning = reasoning  # None: no reasoning block to read apart; else server/reasoning.py
         self.trace = trace  # None: not asked for; else the speculation trace (server/trace.py)
         self.text = text
         self.metrics = metrics
@@ -70,6 +72,37 @@ class Generation:
         except EngineUnavailable as exc:
             raise engine_down(str(exc)) from None
         metrics.prompt_tokens.inc(len(request.prompt_ids))
+
+    def deltas(self, piece: str) -> list[Delta]:
+        """One piece of text as deltas: reasoning (server/reasoning.py), then content and tool calls
+        (server/toolcalls/output.py; the calls are read from the content only)."""
+        if self.reasoning is None:
+            return self._content_deltas(piece)
+        return self._part_deltas(self.reasoning.feed(piece))
+
+    def finish_deltas(self, finish_reason: str | None = None) -> list[Delta]:
+        """The deltas held back until the end (`finish_reason` "length": tool-call markup cut off is dropped)."""
+        out = [] if self.reasoning is None else self._part_deltas(self.reasoning.finish())
+        return out + ([] if self.tools is None else self.tools.finish(finish_reason))
+
+    def message(self, text: str) -> tuple[str | None, str | None, list[dict[str, Any]] | None]:
+        """The whole text: (reasoning, None without a block; content; tool calls)."""
+        reasoning = None
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.split(text)
+        if self.tools is None:
+            return reasoning, text, None
+        content, calls = self.tools.message(text, self.finish_reason)
+        return reasoning, content, calls
+
+    def _part_deltas(self, parts: list[tuple[str, str]]) -> list[Delta]:
+        out: list[Delta] = []
+        for kind, text in parts:
+            out += [Delta(reasoning=text)] if kind == "reasoning" else self._content_deltas(text)
+        return out
+
+    def _content_deltas(self, text: str) -> list[Delta]:
+        return [Delta(content=text)] if self.tools is None else self.tools.feed(text)
 
     @property
     def request_id(self) -> str:
@@ -207,9 +240,9 @@ def completion_body(gens: list[Generation], texts: list[str], env: Envelope) -> 
     choices = []
     for index, (gen, text) in enumerate(zip(gens, texts, strict=True)):
         assert gen.finish_reason is not None
-        content, calls = (text, None) if gen.tools is None else gen.tools.message(text, gen.finish_reason)
+        reasoning, content, calls = gen.message(text)
         reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
-        choice = env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls)
+        choice = env.choice(index, content, reason, gen.take_logprobs(), tool_calls=calls, reasoning=reasoning)
         if gen.trace is not None:  # the whole choice's speculation trace (server/trace.py)
             choice["specexec"] = gen.trace.take(gen.text.num_tokens, final=True)
         choices.append(choice)

@@ -20,6 +20,7 @@ from server.protocol import (
     check_token_ids,
     message_text,
 )
+from server.reasoning import ReasoningSplitter, has_think_tags, prompt_opens_reasoning
 from server.toolcalls.detect import ToolSupport
 from server.toolcalls.plan import ToolPlan, plan_tools
 from server.toolcalls.render import conversation
@@ -48,6 +49,7 @@ class PromptBuilder:
         validate: Callable[[int, int], None],
         chat_template: str | None = None,
         tool_parser: str = "auto",
+        reasoning_format: str = "auto",
     ):
         self.tokenizer = tokenizer
         self.max_context = max_context
@@ -61,6 +63,9 @@ class PromptBuilder:
             self.chat_template = FALLBACK_CHAT_TEMPLATE
         self.tools = ToolSupport.detect(tokenizer, self.chat_template, tool_parser)
         log.info("chat template: %s", self.tools.describe())
+        # <think> blocks read apart from the answer (server/reasoning.py)
+        self.reasoning = reasoning_format == "auto" and has_think_tags(self.chat_template, tokenizer)
+        log.info("reasoning: %s", "<think> blocks apart" if self.reasoning else "none")
         self.fim = FimFormat.detect(tokenizer)  # None: no fill-in-the-middle tokens (server/fim.py)
         log.info("fill-in-the-middle: %s", f"{self.fim.name}, {self.fim.order}" if self.fim is not None else "none")
 
@@ -69,27 +74,38 @@ class PromptBuilder:
         model cannot honour."""
         return plan_tools(self.tools, request) if isinstance(request, ChatCompletionRequest) else None
 
-    def render_chat(self, messages: list[ChatMessage], plan: ToolPlan | None = None) -> str:
-        """The prompt text; with a tool plan, the tools rendered."""
+    def render_chat(self, messages: list[ChatMessage], plan: ToolPlan | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> str:
+        """The prompt text; with a tool plan, the tools rendered; `template_kwargs`: a request's
+        `chat_template_kwargs`, extra template variables (such as `enable_thinking`)."""
         tools = {"tools": plan.tools} if plan is not None else {}
+        extra = check_template_kwargs(template_kwargs)
         try:
             text = self.tokenizer.apply_chat_template(
                 conversation(messages, self.tools.format), chat_template=self.chat_template,
-                add_generation_prompt=True, tokenize=False, **tools,
+                add_generation_prompt=True, tokenize=False, **extra, **tools,
             )
         except jinja2.TemplateError as exc:
             raise invalid_request(f"The chat template rejected the messages: {exc}", "messages") from None
         return text
 
+    def reasoning_splitter(self, request: SamplingRequest, prompt_ids: list[int]) -> ReasoningSplitter | None:
+        """A chat reply's reasoning reader (server/reasoning.py); None: all of it is content. It starts
+        inside the block when the generation prompt opened `<think>` itself."""
+        if not self.reasoning or not isinstance(request, ChatCompletionRequest):
+            return None
+        return ReasoningSplitter(inside=prompt_opens_reasoning(self.tokenizer.decode(prompt_ids[-REASONING_TAIL:])))
+
     def prompt_ids(self, request: SamplingRequest, plan: ToolPlan | None = None) -> list[int]:
         if isinstance(request, ChatCompletionRequest):
-            return self.chat_ids(request.messages, plan)
+            return self.chat_ids(request.messages, plan, request.chat_template_kwargs)
         assert isinstance(request, CompletionRequest)
         return self.completion_ids(request)
 
-    def chat_ids(self, messages: list[ChatMessage], plan: ToolPlan | None = None) -> list[int]:
+    def chat_ids(self, messages: list[ChatMessage], plan: ToolPlan | None = None,
+                 template_kwargs: dict[str, Any] | None = None) -> list[int]:
         self.check_num_chars(chat_chars(messages, plan), "messages")  # before the template renders it all
-        text = self.render_chat(messages, plan)
+        text = self.render_chat(messages, plan, template_kwargs)
         self.check_chars(text, "messages")
         # the template spells out special tokens (BOS etc.) itself
         return self.encode(text, False, "messages")
@@ -190,3 +206,23 @@ def chat_chars(messages: list[ChatMessage], plan: ToolPlan | None) -> int:
 def longest_token_chars(tokenizer: Any) -> int:
     """The longest vocabulary entry (added tokens included), in characters."""
     return max(map(len, tokenizer.get_vocab()), default=1)
+
+
+# apply_chat_template's own parameters and the variables the server sets: not a request's to pass
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+REASONING_TAIL = 16  # prompt tokens decoded to see whether the generation prompt opened <think>
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """A request's `chat_template_kwargs` (vLLM / llama.cpp), passed to the template; a 400 for a name
+    the server sets itself."""
+    if not kwargs:
+        return {}
+    if reserved := sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs)):
+        raise invalid_request(f"Invalid 'chat_template_kwargs': {', '.join(reserved)} cannot be set.",
+                              "chat_template_kwargs", "invalid_value")
+    return dict(kwargs)

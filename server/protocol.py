@@ -224,6 +224,7 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM / llama.cpp: extra template variables
 
     prompt_param: ClassVar[str] = "messages"
 

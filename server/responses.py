@@ -40,10 +40,13 @@ class Envelope:
         }
 
     def choice(self, index: int, text: str | None, finish_reason: str, logprobs: dict[str, Any] | None = None,
-               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """One entry of a response's `choices` (chat: `message.tool_calls` when calls were made)."""
+               tool_calls: list[dict[str, Any]] | None = None, reasoning: str | None = None) -> dict[str, Any]:
+        """One entry of a response's `choices` (chat: `message.tool_calls` when calls were made,
+        `message.reasoning_content` when the reply had a reasoning block: server/reasoning.py)."""
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
             if tool_calls is not None:
                 message["tool_calls"] = tool_calls
             choice = {"index": index, "message": message}
@@ -59,11 +62,13 @@ class Envelope:
     def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
               timings: dict[str, Any] | None = None, index: int = 0,
               logprobs: dict[str, Any] | None = None,
-              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+              tool_calls: list[dict[str, Any]] | None = None, reasoning: str | None = None) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
             if text is not None:
                 delta["content"] = text
             if tool_calls is not None:

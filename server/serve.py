@@ -17,6 +17,7 @@ from server.config import (
     GENERATION_CONFIG,
     JSON_WHITESPACE,
     LOG_LEVELS,
+    REASONING_FORMATS,
     TOOL_PARSERS,
     ServerConfig,
     api_key_from_env,
@@ -25,7 +26,8 @@ from server.config import (
 log = logging.getLogger("specexec.server")
 
 # flag dest -> ServerConfig field (the same name: every flag is a [server] key)
-SERVER_FIELDS = ("host", "port", "webui", "api_key", "cors_origins", "chat_template", "tool_parser", "served_model_name",
+SERVER_FIELDS = ("host", "port", "webui", "api_key", "cors_origins", "chat_template", "tool_parser", "reasoning_format",
+                 "served_model_name",
                  "ping_seconds", "log_level", "allowed_hosts", "read_timeout", "shutdown_timeout",
                  "grammar_timeout", "generation_config", "json_whitespace", "max_connections")
 MIB = 2**20
@@ -46,6 +48,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tool-parser", default=None, choices=TOOL_PARSERS,
                        help="tool-call format of the model's output (default auto: recognised from the chat "
                             "template); none: tools are ignored and replies are plain text")
+    group.add_argument("--reasoning-format", default=None, choices=REASONING_FORMATS,
+                       help="auto (default): a chat reply's leading <think>...</think> block is returned apart "
+                            "(reasoning_content, Anthropic thinking, Ollama thinking) when the chat template has "
+                            "the tags; none: all of the output is content")
     group.add_argument("--served-model-name", default=None, nargs="+", metavar="NAME",
                        help="model ids accepted in requests (space- or comma-separated); the first is listed "
                             "first by /v1/models (default: the model name)")

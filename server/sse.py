@@ -1,7 +1,7 @@
 """Server-sent events (sse-starlette): deltas -> OpenAI chunks, usage chunk, [DONE], pings.
 
 Stream invariants (docs/api.md): one id/created/model throughout; for chat, the role
-chunk first; content chunks carry only `delta.content`; the last choice chunk has
+chunk first; content chunks carry only `delta.content` (or `delta.reasoning_content`, or `delta.tool_calls`); the last choice chunk has
 `delta: {}` and the `finish_reason` (plus our `timings`); with `include_usage`, exactly one
 `{"choices": [], "usage": ...}` chunk before `data: [DONE]`. With `n` > 1 each choice has its
 own role and finish chunks, every chunk tagged with its choice's `index`; usage and [DONE] come
@@ -46,13 +46,16 @@ async def choice_chunks(gen: Generation, env: Envelope, index: int) -> AsyncIter
     if env.chat:
         yield env.chunk("", role=True, index=index)
     async for piece in gen.pieces():
-        if gen.tools is None:
+        if gen.tools is None and gen.reasoning is None:
             yield env.chunk(piece, index=index, logprobs=gen.take_logprobs())
             continue
-        for delta in gen.tools.feed(piece):  # content and tool-call deltas (server/toolcalls/output.py)
-            yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls)
-    for delta in gen.tools.finish(gen.finish_reason) if gen.tools is not None else []:
-        yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls)
+        # reasoning, content and tool-call deltas (server/reasoning.py, server/toolcalls/output.py)
+        for delta in gen.deltas(piece):
+            yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls,
+                            reasoning=delta.reasoning)
+    for delta in gen.finish_deltas(gen.finish_reason):
+        yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls,
+                        reasoning=delta.reasoning)
     assert gen.finish_reason is not None
     reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
     yield env.chunk(None, reason, timings=gen.timings(), index=index,

@@ -54,10 +54,11 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
         text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=drop_ids)
         logprobs = None if texts is None else LogprobFormat(texts, chat)
         tools = None if plan is None else plan.output(eager=bool(req.stream))
+        reasoning = prompt.reasoning_splitter(req, prompt_ids)  # None: no <think> block to read apart
         trace = StepTrace(prompt.tokenizer, tree_method(speculation, method, choice), drop_ids) if traced else None
         engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice, method)
         return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,
-                          tools=tools, trace=trace)
+                          tools=tools, reasoning=reasoning, trace=trace)
 
     return start_choices(req.n or 1, params, start), env
 

@@ -36,6 +36,8 @@ class ContentBlocks:
         self._call_blocks: dict[int, int] = {}  # tool-call index -> block index
 
     def feed(self, delta: Delta) -> list[Event]:
+        if delta.reasoning is not None:  # a `thinking` block (server/reasoning.py); signature empty
+            return self._thinking(delta.reasoning) if delta.reasoning else []
         if delta.content is not None:
             return self._text(delta.content) if delta.content else []
         assert delta.tool_call is not None
@@ -70,6 +72,17 @@ class ContentBlocks:
             events.append(("content_block_start", {"index": self._open, "content_block": {"type": "text", "text": ""}}))
         self.blocks[self._open]["text"] += text
         return events + [("content_block_delta", {"index": self._open, "delta": {"type": "text_delta", "text": text}})]
+
+    def _thinking(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        if self._open is None or self.blocks[self._open]["type"] != "thinking":
+            events += self._close()
+            self._open = len(self.blocks)
+            self.blocks.append({"type": "thinking", "thinking": "", "signature": ""})
+            events.append(("content_block_start", {"index": self._open, "content_block": dict(self.blocks[self._open])}))
+        self.blocks[self._open]["thinking"] += text
+        return events + [("content_block_delta", {"index": self._open,
+                                                  "delta": {"type": "thinking_delta", "thinking": text}})]
 
     def _close(self) -> list[Event]:
         if self._open is None:

@@ -104,11 +104,11 @@ async def count_tokens(request: Request) -> dict[str, int]:
 
 
 def _deltas(gen: Generation, text: str) -> list[Delta]:
-    return [Delta(content=text)] if gen.tools is None else gen.tools.feed(text)
+    return gen.deltas(text)  # reasoning, content and tool calls
 
 
 def _finish_deltas(gen: Generation) -> list[Delta]:
-    return [] if gen.tools is None else gen.tools.finish()
+    return gen.finish_deltas()
 
 
 def _event(kind: str, fields: dict[str, Any]) -> ServerSentEvent:

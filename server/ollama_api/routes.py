@@ -177,8 +177,8 @@ async def _generate(request: Request, chat: bool) -> Response:
     texts = await collect_texts(request, gens, gen.request_id)
     if texts is None:
         return Response(status_code=499)
-    content, calls = _split(_deltas(gen, texts[0]) + _finish_deltas(gen))
-    return JSONResponse(_head(name) | _payload(chat, content, calls) | _final(gen, started))
+    thinking, content, calls = _split(_deltas(gen, texts[0]) + _finish_deltas(gen))
+    return JSONResponse(_head(name) | _payload(chat, content, calls, thinking) | _final(gen, started))
 
 
 def _head(name: str) -> dict[str, Any]:
@@ -189,30 +189,36 @@ def _empty(chat: bool) -> dict[str, Any]:
     return {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
 
 
-def _payload(chat: bool, content: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+def _payload(chat: bool, content: str, calls: list[dict[str, Any]], thinking: str = "") -> dict[str, Any]:
     if not chat:
-        return {"response": content}
+        return {"response": content} | ({"thinking": thinking} if thinking else {})
     message: dict[str, Any] = {"role": "assistant", "content": content}
+    if thinking:  # the reply's reasoning block (server/reasoning.py)
+        message["thinking"] = thinking
     if calls:
         message["tool_calls"] = calls
     return {"message": message}
 
 
 def _deltas(gen: Generation, text: str) -> list[Delta]:
-    return [Delta(content=text)] if gen.tools is None else gen.tools.feed(text)
+    return gen.deltas(text)  # reasoning, content and tool calls
 
 
 def _finish_deltas(gen: Generation) -> list[Delta]:
-    return [] if gen.tools is None else gen.tools.finish()
+    return gen.finish_deltas()
 
 
-def _split(deltas: list[Delta]) -> tuple[str, list[dict[str, Any]]]:
-    """Deltas -> (content, whole tool calls). Read with eager=False, a call's entries (its start and its
-    arguments) come in the same batch."""
+def _split(deltas: list[Delta]) -> tuple[str, str, list[dict[str, Any]]]:
+    """Deltas -> (thinking, content, whole tool calls). Read with eager=False, a call's entries (its start
+    and its arguments) come in the same batch."""
+    thinking: list[str] = []
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
     arguments: dict[int, list[str]] = {}
     for delta in deltas:
+        if delta.reasoning is not None:
+            thinking.append(delta.reasoning)
+            continue
         if delta.content is not None:
             content.append(delta.content)
             continue
@@ -225,7 +231,7 @@ def _split(deltas: list[Delta]) -> tuple[str, list[dict[str, Any]]]:
         arguments[entry["index"]].append(entry["function"]["arguments"])
     for index, call in calls.items():
         call["function"]["arguments"] = json.loads("".join(arguments[index]) or "{}")
-    return "".join(content), list(calls.values())
+    return "".join(thinking), "".join(content), list(calls.values())
 
 
 def _final(gen: Generation, started: int) -> dict[str, Any]:
@@ -244,12 +250,12 @@ def _line(payload: dict[str, Any]) -> str:
 async def _lines(gen: Generation, name: str, chat: bool, started: int) -> AsyncIterator[str]:
     try:
         async for piece in gen.pieces():
-            content, calls = _split(_deltas(gen, piece))
-            if content or calls:
-                yield _line(_head(name) | _payload(chat, content, calls) | {"done": False})
-        content, calls = _split(_finish_deltas(gen))
-        if content or calls:
-            yield _line(_head(name) | _payload(chat, content, calls) | {"done": False})
+            thinking, content, calls = _split(_deltas(gen, piece))
+            if thinking or content or calls:
+                yield _line(_head(name) | _payload(chat, content, calls, thinking) | {"done": False})
+        thinking, content, calls = _split(_finish_deltas(gen))
+        if thinking or content or calls:
+            yield _line(_head(name) | _payload(chat, content, calls, thinking) | {"done": False})
         yield _line(_head(name) | _payload(chat, "", []) | _final(gen, started))
     except Exception as exc:  # the stream has begun: the failure is reported in-band
         error = generation_error(exc)

@@ -25,6 +25,7 @@ def new_call_id() -> str:
 class Delta:
     content: str | None = None
     tool_call: dict[str, Any] | None = None  # one entry of `delta.tool_calls`
+    reasoning: str | None = None  # reasoning text (server/reasoning.py), apart from the content
 
     @property
     def tool_calls(self) -> list[dict[str, Any]] | None:

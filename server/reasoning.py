@@ -1,0 +1,138 @@
+"""Reasoning kept apart from the answer: `<think> ... </think>` (llama.cpp's `--reasoning-format auto`).
+
+`ReasoningSplitter(inside=...)` is fed a chat generation's text piece by piece (split anywhere, even
+inside a tag) and returns parts: `("reasoning", str)` or `("content", str)`. Only a block at the
+start of the output is reasoning (after leading whitespace); `inside=True` when the generation prompt
+already opened `<think>` (Qwen3, SmolLM3, GLM templates), so the output starts inside it. Without a
+leading block the whole output is content, as before. Whitespace just inside the tags and right after
+`</think>` is dropped. A possible tag start at the end of a piece is held until the next piece settles
+it (as the tool-call reader holds a marker's start: server/toolcalls/stream.py); the output ending
+inside the block leaves all of it reasoning. Content then goes on to the tool-call reader, if any.
+
+Detection (`has_think_tags`): the chat template, or the tokenizer's added tokens, spell both tags.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+OPEN = "<think>"
+CLOSE = "</think>"
+WHITESPACE = " \t\r\n"
+
+Part = tuple[str, str]  # ("reasoning" | "content", text)
+
+
+def has_think_tags(chat_template: Any, tokenizer: Any) -> bool:
+    """Whether the model writes `<think>` blocks: the chat template (text, or a dict/list of named
+    templates) or the tokenizer's added tokens name both tags."""
+    source = chat_template if isinstance(chat_template, str) else str(chat_template or "")
+    if OPEN in source and CLOSE in source:
+        return True
+    try:
+        added = set(tokenizer.get_added_vocab())
+    except Exception:  # a tokenizer without added tokens
+        return False
+    return OPEN in added and CLOSE in added
+
+
+def prompt_opens_reasoning(prompt_text: str) -> bool:
+    """Whether the generation prompt ends with an open `<think>` (the output then starts inside it)."""
+    return prompt_text.rstrip(WHITESPACE).endswith(OPEN)
+
+
+class State(Enum):
+    START = "start"  # nothing but whitespace yet: a block may open
+    INSIDE = "inside"  # in the reasoning
+    AFTER = "after"  # right after `</think>`: whitespace dropped
+    CONTENT = "content"  # the rest is content
+
+
+def _prefix_len(buffer: str, tag: str) -> int:
+    """The length of the longest end of `buffer` that begins `tag` (a tag split across pieces)."""
+    for n in range(min(len(tag) - 1, len(buffer)), 0, -1):
+        if buffer.endswith(tag[:n]):
+            return n
+    return 0
+
+
+class ReasoningSplitter:
+    def __init__(self, *, inside: bool = False):
+        self._state = State.INSIDE if inside else State.START
+        self.saw_block = inside  # a reasoning block was opened (so the reply has a reasoning field)
+        self._started = False  # reasoning text seen (its leading whitespace is dropped)
+        self._held = ""
+        self._parts: list[Part] = []
+
+    def feed(self, text: str) -> list[Part]:
+        buffer, self._held = self._held + text, ""
+        while buffer:
+            buffer = self._step(buffer)
+        return self._take()
+
+    def finish(self) -> list[Part]:
+        held, self._held = self._held, ""
+        if self._state is State.START:
+            self._push("content", held)
+        elif self._state is State.INSIDE:
+            self._push("reasoning", held.rstrip(WHITESPACE))
+        return self._take()
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        """The whole output: (reasoning, None without a block; content)."""
+        reasoning: list[str] = []
+        content: list[str] = []
+        for kind, piece in self.feed(text) + self.finish():
+            (reasoning if kind == "reasoning" else content).append(piece)
+        return ("".join(reasoning) if self.saw_block else None), "".join(content)
+
+    def _step(self, buffer: str) -> str:
+        """Read from `buffer`; return what is left to read ("": all read or held)."""
+        state = self._state
+        if state is State.CONTENT:
+            self._push("content", buffer)
+            return ""
+        if state is State.AFTER:
+            buffer = buffer.lstrip(WHITESPACE)
+            if buffer:
+                self._state = State.CONTENT
+            return buffer
+        if state is State.START:
+            stripped = buffer.lstrip(WHITESPACE)
+            if stripped.startswith(OPEN):
+                self._state, self.saw_block = State.INSIDE, True
+                return stripped[len(OPEN):]
+            if OPEN.startswith(stripped):  # only whitespace, or a tag's start so far
+                self._held = buffer
+                return ""
+            self._state = State.CONTENT
+            return buffer
+        if not self._started:
+            buffer = buffer.lstrip(WHITESPACE)
+            if not buffer:
+                return ""
+            self._started = True
+        index = buffer.find(CLOSE)
+        if index >= 0:
+            self._push("reasoning", buffer[:index].rstrip(WHITESPACE))
+            self._state = State.AFTER
+            return buffer[index + len(CLOSE):]
+        cut = len(buffer) - _prefix_len(buffer, CLOSE)
+        while cut > 0 and buffer[cut - 1] in WHITESPACE:  # whitespace before `</think>` is dropped
+            cut -= 1
+        self._push("reasoning", buffer[:cut])
+        self._held = buffer[cut:]
+        return ""
+
+    def _push(self, kind: str, text: str) -> None:
+        if not text:
+            return
+        if self._parts and self._parts[-1][0] == kind:
+            self._parts[-1] = (kind, self._parts[-1][1] + text)
+        else:
+            self._parts.append((kind, text))
+
+    def _take(self) -> list[Part]:
+        parts, self._parts = self._parts, []
+        return parts
