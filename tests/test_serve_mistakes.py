@@ -150,5 +150,5 @@ def test_a_typo_under_server_is_reported_before_anything_loads(pair, tmp_path: P
     assert done.stderr.strip().splitlines() == [f"specexec: error: {path}: server.prot: unknown field (known: "
                                                 "allowed_hosts, api_key, chat_template, cors_origins, generation_config, "
                                                 "grammar_timeout, host, json_whitespace, log_level, max_body_bytes, "
-                                                "max_connections, ping_seconds, port, read_timeout, served_model_name, "
+                                                "max_connections, ping_seconds, port, read_timeout, reasoning_format, served_model_name, "
                                                 "shutdown_timeout, tool_parser, webui)"]
