@@ -91,16 +91,9 @@ def attend(
     Query head h reads KV head h // group (group = heads // kv_heads). Each KV head is one batch
     entry whose heads are its query group: K/V expand over the group as stride-0 views and the mask
     broadcasts, so nothing is copied. SDPA picks among the kernels the caller enabled (see
-    attention_backends). Returns [n, heads, head_dim]."""
-    num_heads, num_tokens, head_dim = query.shape
-    num_kv_heads, kv_len = keys.shape[:2]
-    group = num_heads // num_kv_heads
-    grouped = query.unflatten(0, (num_kv_heads, group))  # [kv_heads, group, n, head_dim]
-    shape = (num_kv_heads, group, kv_len, head_dim)
-    out = F.scaled_dot_product_attention(
-        grouped, keys[:, None].expand(shape), values[:, None].expand(shape), attn_mask=mask, scale=scale
-    )  # [kv_heads, group, n, head_dim]
-    return out.permute(2, 0, 1, 3).reshape(num_tokens, num_heads, head_dim)
+    attention_backends). Returns [n, heads, head_dim]. (attend_heads on the same views: splitting the
+    heads axis is a view whatever the query's strides.)"""
+    return attend_heads(query[None], keys[:, None], values[:, None], mask, scale)[0]
 
 
 def attend_heads(

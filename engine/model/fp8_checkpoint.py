@@ -21,34 +21,21 @@ import torch
 from torch import nn
 
 from engine.model import fp8
-from engine.model.int4_checkpoint import meta_model, quantized_names, read_shapes, read_tensors
+from engine.model.int4_checkpoint import load_replacing, read_tensors
 from engine.types import CheckpointError
 
 
-def layer_map(model: nn.Module, name: str) -> bool:
+def layer_map(name: str) -> bool:
     """Whether module `name` lies inside a decoder layer (it streams with it)."""
-    layers = model.model.layers
-    return any(name.startswith(f"model.layers.{idx}.") for idx in range(len(layers)))
+    return name.startswith("model.layers.")
 
 
 def load_fp8_checkpoint(folder: str, fmt: fp8.Fp8Format, dtype: torch.dtype, home: torch.device) -> nn.Module:
     """The model with its quantized layer maps as Fp8Linear on `home` (module doc)."""
-    from engine.offload.loader import CheckpointReader, check_no_meta, materialize, rebuild_rotary
+    def replace(model: nn.Module, names: dict[str, str], files: tuple) -> list[nn.Module]:
+        return [build_map(model, name, stored, fmt, files, dtype, home) for name, stored in names.items()]
 
-    model = meta_model(folder, dtype)
-    reader = CheckpointReader(folder, evict=False)
-    shapes = read_shapes(folder)
-    try:
-        names = quantized_names(fmt, reader.index)
-        if not names:
-            raise CheckpointError(f"{folder}: an FP8 config but no {fmt.marker} tensors in its files")
-        replaced = [build_map(model, name, stored, fmt, (reader, shapes), dtype, home) for name, stored in names.items()]
-        materialize(model, replaced, reader, home)
-        rebuild_rotary(model, home)
-        check_no_meta(model, replaced)
-    finally:
-        reader.close()
-    return model
+    return load_replacing(folder, dtype, home, "an FP8 config", fmt.marker, replace)
 
 
 def build_map(model: nn.Module, name: str, stored: str, fmt: fp8.Fp8Format, files: tuple, dtype: torch.dtype,
@@ -67,7 +54,7 @@ def build_map(model: nn.Module, name: str, stored: str, fmt: fp8.Fp8Format, file
     bias = None
     if linear.bias is not None:
         bias = read_tensors(*files, stored, ("bias",))["bias"].to(dtype)
-    if not layer_map(model, name):
+    if not layer_map(name):
         module = fp8.Fp8Linear(fmt, k, n, tensors["weight"], tensors[fp8.SCALE], None)  # checks the shapes
         linear.weight = nn.Parameter(module.weight_now(dtype).to(home), requires_grad=False)
         if bias is not None:

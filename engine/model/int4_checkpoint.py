@@ -19,6 +19,7 @@ linear layer over the dequantized weight.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -83,10 +84,10 @@ def int4_refusal(fmt: Int4Format, k: int, n: int, compute_device: torch.device) 
     return None
 
 
-def quantized_names(fmt: Int4Format, index: dict) -> dict[str, str]:
-    """The checkpoint's quantized linear maps (those holding the format's marker tensor): the model's module
-    name -> the checkpoint's (a multimodal checkpoint's language model prefix; its vision tower left out)."""
-    suffix = "." + fmt.marker
+def quantized_names(marker: str, index: dict) -> dict[str, str]:
+    """The checkpoint's quantized linear maps (those holding a `marker` tensor): the model's module name ->
+    the checkpoint's (a multimodal checkpoint's language model prefix; its vision tower left out)."""
+    suffix = "." + marker
     stored = [name.removesuffix(suffix) for name in index
               if name.endswith(suffix) and not name.startswith(multimodal.NOT_LOADED_PREFIXES)]
     return dict(sorted((multimodal.model_name(name), name) for name in stored))
@@ -151,15 +152,10 @@ def load_int4_checkpoint(folder: str, fmt: Int4Format, dtype: torch.dtype, home:
                          compute_device: torch.device) -> tuple[nn.Module, str]:
     """The model with its quantized maps in `kernel`'s form (module doc; int4 falls back to dequantize
     where it cannot run, auto is int4 where it can); returns it and the kernel used."""
-    from engine.offload.loader import CheckpointReader, check_no_meta, materialize, rebuild_rotary
+    used = kernel
 
-    model = meta_model(folder, dtype)
-    reader = CheckpointReader(folder, evict=False)
-    shapes = read_shapes(folder)
-    try:
-        names = quantized_names(fmt, reader.index)
-        if not names:
-            raise CheckpointError(f"{folder}: a {fmt.method} config but no {fmt.marker} tensors in its files")
+    def replace(model: nn.Module, names: dict[str, str], files: tuple) -> list[nn.Module]:
+        nonlocal used
         metas = {name: model.get_submodule(name) for name in names}
         refusals = [f"{name}: {why}" for name, m in metas.items()
                     if (why := int4_refusal(fmt, m.in_features, m.out_features, compute_device))]
@@ -171,14 +167,32 @@ def load_int4_checkpoint(folder: str, fmt: Int4Format, dtype: torch.dtype, home:
         used = "dequantize" if kernel == "dequantize" or refusals else "int4"
         if refusals:
             log.info("%s layers use the dequantize kernel: %s", fmt.method, refusals[0])
-        replaced = [build_map(model, name, stored, fmt, (reader, shapes), used, dtype, home, compute_device)
-                    for name, stored in names.items()]
+        return [build_map(model, name, stored, fmt, files, used, dtype, home, compute_device)
+                for name, stored in names.items()]
+
+    model = load_replacing(folder, dtype, home, f"a {fmt.method} config", fmt.marker, replace)
+    return model, used
+
+
+def load_replacing(folder: str, dtype: torch.dtype, home: torch.device, config_kind: str, marker: str,
+                   replace: Callable[[nn.Module, dict[str, str], tuple], list[nn.Module]]) -> nn.Module:
+    """The checkpoint's model built on `meta` with the maps holding `marker` tensors replaced by
+    `replace(model, quantized names, (reader, shapes))`, the rest read from the files onto `home`."""
+    from engine.offload.loader import CheckpointReader, check_no_meta, materialize, rebuild_rotary
+
+    model = meta_model(folder, dtype)
+    reader = CheckpointReader(folder, evict=False)
+    try:
+        names = quantized_names(marker, reader.index)
+        if not names:
+            raise CheckpointError(f"{folder}: {config_kind} but no {marker} tensors in its files")
+        replaced = replace(model, names, (reader, read_shapes(folder)))
         materialize(model, replaced, reader, home)
         rebuild_rotary(model, home)
         check_no_meta(model, replaced)
     finally:
         reader.close()
-    return model, used
+    return model
 
 
 def build_map(model: nn.Module, name: str, stored: str, fmt: Int4Format, files: tuple, kernel: str,

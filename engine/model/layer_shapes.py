@@ -68,13 +68,18 @@ def decoder_layer_class(cfg: PretrainedConfig) -> type:
 
 
 @lru_cache(maxsize=128)
-def _layer_bytes(fields_json: str, dtype_bytes: int) -> tuple[int, ...]:
+def _meta_layers(fields_json: str) -> tuple[torch.nn.Module, ...]:
+    """Each decoder layer of the config, built on the `meta` device (shapes and dtypes only)."""
     cfg = _hf_config(fields_json)
     layer_class = decoder_layer_class(cfg)
+    with torch.device("meta"):
+        return tuple(layer_class(cfg, idx) for idx in range(cfg.num_hidden_layers))
+
+
+@lru_cache(maxsize=128)
+def _layer_bytes(fields_json: str, dtype_bytes: int) -> tuple[int, ...]:
     sizes = []
-    for idx in range(cfg.num_hidden_layers):
-        with torch.device("meta"):
-            layer = layer_class(cfg, idx)
+    for layer in _meta_layers(fields_json):
         tensors = layer_tensors(layer).values()  # what a checkpoint holds and streaming moves
         sizes.append(sum(t.numel() * (dtype_bytes if t.is_floating_point() else t.element_size()) for t in tensors))
     return tuple(sizes)
@@ -87,15 +92,8 @@ def layer_bytes(config: dict, dtype_bytes: int) -> tuple[int, ...]:
 
 @lru_cache(maxsize=128)
 def _layer_linears(fields_json: str) -> tuple[tuple[tuple[str, int, int], ...], ...]:
-    cfg = _hf_config(fields_json)
-    layer_class = decoder_layer_class(cfg)
-    maps = []
-    for idx in range(cfg.num_hidden_layers):
-        with torch.device("meta"):
-            layer = layer_class(cfg, idx)
-        maps.append(tuple((name, m.in_features, m.out_features) for name, m in layer.named_modules()
-                          if isinstance(m, torch.nn.Linear)))
-    return tuple(maps)
+    return tuple(tuple((name, m.in_features, m.out_features) for name, m in layer.named_modules()
+                       if isinstance(m, torch.nn.Linear)) for layer in _meta_layers(fields_json))
 
 
 def layer_linears(config: dict) -> tuple[tuple[tuple[str, int, int], ...], ...]:
