@@ -132,6 +132,7 @@ class Scheduler:
             step_seconds=time.perf_counter() - step_begin,
             overlap_seconds=outcome.overlap_seconds,
             extension_forwards=outcome.extension_forwards,
+            draft_forwards=outcome.draft_forwards,
         )
         return output
 

@@ -94,15 +94,17 @@ def print_steps(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow]) -
     report.line(f"Engine steps, greedy, {full.prompt_len}-token random prompts, median of {full.measured_steps} "
                 f"steps after {full.warmup_steps}; the budget is shared by the streams in a pass. copy: every "
                 "streamed layer copied alone (the pass's floor).")
-    report.table("budget", "overlap", "streams", "draft ms", "pass ms", "copy ms", "overlap ms",
-                 "draft forwards during the pass", "step ms", "tokens/pass", "tokens/s", "peak memory", "plan",
+    report.table("budget", "overlap", "streams", "draft ms", "draft forwards before the pass", "ms per draft forward",
+                 "pass ms", "copy ms", "overlap ms", "draft forwards during the pass", "step ms", "tokens/pass", "tokens/s", "peak memory", "plan",
                  "peak within plan")
     for r in rows:
         within = "n/a (CPU)" if r.peak is None else ("yes" if r.peak <= r.planned else "NO")
         if within == "NO":
             report.flag(f"full shape budget {r.budget}: peak {gigabytes(r.peak)} above the plan's {gigabytes(r.planned)}")
-        report.row(r.budget, "on" if r.overlap else "off", r.streams, ms(r.median("draft_seconds")),
-                   ms(r.median("target_seconds")), copy_ms, ms(r.median("overlap_seconds")),
+        forwards = r.median("draft_forwards")
+        per_forward = ms(r.median("draft_seconds") / forwards) if forwards else "-"
+        report.row(r.budget, "on" if r.overlap else "off", r.streams, ms(r.median("draft_seconds")), f"{forwards:.0f}",
+                   per_forward, ms(r.median("target_seconds")), copy_ms, ms(r.median("overlap_seconds")),
                    f"{r.median('extension_forwards'):.0f}", ms(r.median("step_seconds")), f"{r.tokens_per_pass:.2f}",
                    f"{r.tokens_per_second:.2f}", gigabytes(r.peak), gigabytes(r.planned), within)
     by_key = {(r.budget, r.overlap, r.streams): r for r in rows}

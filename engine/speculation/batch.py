@@ -50,11 +50,12 @@ class BatchResult:
     overlap_seconds: float  # the draft's extensions, within target_seconds
     step_seconds: float
     extension_forwards: int = 0  # draft passes the extensions ran beside the target pass
+    draft_forwards: int = 0  # draft passes that grew the trees before the pass
 
 
 @dataclass
 class Extended:
-    """What the draft did beside a step's target pass (overlap)."""
+    """Draft passes of a step's growths and their time: before the target pass, or beside it (overlap)."""
 
     forwards: int = 0  # draft passes of the extensions
     seconds: float = 0.0  # host time from the pass's start until the extensions stopped
@@ -97,8 +98,9 @@ def pass_groups(items: list[BatchItem], trees: list[Tree | None]) -> list[list[S
     return groups + [segments] if segments else groups
 
 
-def grow_trees(items: list[BatchItem]) -> list[Tree | None | Exception]:
-    """Each item's draft prefill slice, then its tree (None while it only prefills), grown in lockstep."""
+def grow_trees(items: list[BatchItem], forwards: Extended) -> list[Tree | None | Exception]:
+    """Each item's draft prefill slice, then its tree (None while it only prefills), grown in lockstep;
+    `forwards` counts the draft passes of the growth."""
     outcomes: list[Tree | None | Exception] = [None] * len(items)
     growths: list[tuple[int, DecoderRunner, Growth]] = []
     for index, item in enumerate(items):
@@ -110,7 +112,7 @@ def grow_trees(items: list[BatchItem]) -> list[Tree | None | Exception]:
                 growths.append((index, ctx.drafter.runner, tree_growth(ctx, seq, step_depth(ctx, seq))))
         except Exception as exc:
             outcomes[index] = request_error(exc)
-    trees = run_growths([(runner, growth) for _, runner, growth in growths])
+    trees = run_growths([(runner, growth) for _, runner, growth in growths], on_pass=forwards.count)
     for (index, _, _), tree in zip(growths, trees, strict=True):
         outcomes[index] = tree
     return outcomes
@@ -167,7 +169,8 @@ def run_batch(target: DecoderRunner, items: list[BatchItem], streams: PassStream
     # SDPA's kernels once for every pass of the step (the target's, in the overlap's thread too; each pass
     # then finds its flags set: attention.sdpa_backends); nothing to enter on a CPU under the default flags
     with target.attention_kernels():
-        outcomes = grow_trees(items)
+        grown_before = Extended()  # the draft passes before the target pass
+        outcomes = grow_trees(items, grown_before)
         clock.mark()
         live = [index for index, outcome in enumerate(outcomes) if not isinstance(outcome, Exception)]
         trees: list[Tree | None] = [outcomes[index] for index in live]  # type: ignore[misc]
@@ -202,6 +205,7 @@ def run_batch(target: DecoderRunner, items: list[BatchItem], streams: PassStream
             expected_accepted=item.seq.expected_accepted,
             overlap_seconds=extended.seconds,
             extension_forwards=extended.forwards,
+            draft_forwards=grown_before.forwards,
         ))
     return BatchResult(results, pass_tokens, draft_seconds, target_seconds, extended.seconds, step_seconds,
-                       extended.forwards)
+                       extended.forwards, grown_before.forwards)

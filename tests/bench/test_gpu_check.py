@@ -121,8 +121,9 @@ def test_tiny_full_shape_section_runs_every_table(tmp_path, capsys):
     steps = table(text, "budget", "overlap", "streams")
     assert [(r[0], r[1], r[2]) for r in steps] == [(str(b), o, str(s)) for b in TINY.full.budgets
                                                     for o in ("off", "on") for s in TINY.full.streams]
-    assert all(float(r[9]) >= 1 for r in steps)  # tokens per pass
-    assert all(r[7] == "0" for r in steps if r[1] == "off") and any(int(r[7]) > 0 for r in steps if r[1] == "on")
+    assert all(float(r[11]) >= 1 for r in steps)  # tokens per pass
+    assert all(int(r[4]) > 0 for r in steps)  # draft forwards before the pass
+    assert all(r[9] == "0" for r in steps if r[1] == "off") and any(int(r[9]) > 0 for r in steps if r[1] == "on")
     assert len(table(text, "median step before ms")) == 1
     users = table(text, "acceptance (tokens per pass)")
     assert users[-1][0] == "autoregressive (same run)" and len(users) == 4

@@ -45,6 +45,25 @@ def test_step_stats_add_up_on_cpu(pair) -> None:
     assert_stats_add_up(load(pair))
 
 
+def test_draft_forwards_count_the_draft_passes_before_the_target_pass(pair) -> None:
+    """PassStats.draft_forwards: every draft pass of the step's lockstep growth (two requests' trees share
+    each one), counted at the draft runner (in steps that write no prompt: the draft's prefill is not growth)."""
+    engine = load(pair)
+    calls: list[int] = []
+    forward_groups = engine.pair.draft.forward_groups
+    engine.pair.draft.forward_groups = lambda groups: (calls.append(1), forward_groups(groups))[1]
+    for i, prompt in enumerate(([5, 6, 7, 8], [40, 41, 42])):
+        engine.add_request(Request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)))
+    counted = 0
+    while engine.num_running:
+        calls.clear()
+        output = engine.step()
+        if output.stats is not None and output.stats.num_prefill_tokens == 0:
+            assert output.stats.draft_forwards == len(calls)
+            counted += len(calls) > 0
+    assert counted >= 2
+
+
 def test_the_first_step_prefills_the_prompt_in_its_target_pass(pair) -> None:
     """A joining request's prompt is written by the first step's one target pass (no pass of its
     own); the time to that first step's end is the request's prefill time."""
