@@ -50,17 +50,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(timing only: the text past them is not meaningful)")
     parser.add_argument("--tables", type=comma_list(str), default=["budgets", "streams", "join"])
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: the engine's auto)")
+    parser.add_argument("--slow-pass-ms", type=float, default=0.0,
+                        help="every target pass takes at least this long, the rest a host sleep: a copy-bound pass "
+                             "whose copy leaves the CPU to the draft, as on a GPU (0: off)")
     parser.add_argument("--out", type=Path, default=Path("bench-out/overlap"), help="output folder")
 
 
 def load(args: argparse.Namespace, target: str, overlap: bool, budget: int, **limits) -> Engine:
-    return Engine.load(EngineConfig(
+    engine = Engine.load(EngineConfig(
         model=ModelConfig(target=target, draft=args.draft),
         speculation=SpeculationConfig(budget=budget, overlap=overlap),
         offload=OffloadConfig(enabled=True, source=args.source, resident_layers=0),
         limits=LimitsConfig(max_context=args.max_context or None, allow_long_context=bool(args.max_context),
                             prefix_cache_slots=0, **limits),
     ))
+    if args.slow_pass_ms > 0:
+        slow_passes(engine, args.slow_pass_ms / 1000)
+    return engine
+
+
+def slow_passes(engine: Engine, seconds: float) -> None:
+    """Every target pass of `engine` lasts at least `seconds`: its compute, then a host sleep (the CPU
+    is free meanwhile, as while a GPU waits on a copy)."""
+    forward_groups = engine.pair.target.forward_groups
+
+    def slow(groups):
+        begin = time.perf_counter()
+        out = forward_groups(groups)
+        time.sleep(max(0.0, seconds - (time.perf_counter() - begin)))
+        return out
+
+    engine.pair.target.forward_groups = slow
 
 
 def sampling(temperature: float, seed: int, max_tokens: int) -> SamplingParams:
@@ -82,7 +102,7 @@ def run_streams(engine: Engine, prompts: list[list[int]], params: list[SamplingP
         if output.stats is not None and output.deltas:
             s = output.stats
             steps.append((s.draft_seconds, s.target_seconds, s.overlap_seconds, s.step_seconds,
-                          s.num_emitted, len(output.deltas)))
+                          s.num_emitted, len(output.deltas), s.draft_forwards, s.extension_forwards))
     decode = steps[1:] or steps  # the first step also writes the prompts
     seconds = sum(s[3] for s in decode)
     return {"texts": [texts[f"s{i}"] for i in range(len(prompts))], "steps": steps,
@@ -90,6 +110,8 @@ def run_streams(engine: Engine, prompts: list[list[int]], params: list[SamplingP
             "pass_ms": 1000 * statistics.mean(s[1] for s in decode),
             "overlap_ms": 1000 * statistics.mean(s[2] for s in decode),
             "step_ms": 1000 * statistics.mean(s[3] for s in decode),
+            "draft_forwards_pass": statistics.mean(s[6] for s in decode),  # before the pass ("_pass": averaged)
+            "extension_forwards_pass": statistics.mean(s[7] for s in decode),
             "tokens_per_pass": sum(s[4] for s in decode) / sum(s[5] for s in decode),
             "tokens_per_s": sum(s[4] for s in decode) / seconds}
 
@@ -155,10 +177,11 @@ def join_rows(args, target, prompts, tokenizer) -> list[dict]:
 
 
 def report(args, padding: dict, tables: dict) -> str:
+    slowed = f"; every target pass at least {args.slow_pass_ms:g} ms (a host sleep)" if args.slow_pass_ms else ""
     parts = [f"# bench overlap\n\n`{' '.join(['specexec bench overlap', *sys.argv[3:]])}`  \n"
              f"target {args.target} padded to {args.pad_to_gb} GB ({padding.get('folder', '-')}), streamed from "
              f"{args.source}; draft {args.draft}; torch threads {torch.get_num_threads()}, load average at the end "
-             f"{os.getloadavg()[0]:.2f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"]
+             f"{os.getloadavg()[0]:.2f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}{slowed}\n"]
     if "budgets" in tables:
         rows = tables["budgets"]
         off = {(r["budget"], r["temperature"]): r for r in rows if not r["overlap"]}
@@ -167,12 +190,14 @@ def report(args, padding: dict, tables: dict) -> str:
             base = off[(r["budget"], r["temperature"])]
             bound = max(base["draft_ms"], r["pass_ms"])
             body.append([str(r["budget"]), f"{r['temperature']:g}", "on" if r["overlap"] else "off",
-                         f"{r['draft_ms']:.0f}", f"{r['pass_ms']:.0f}", f"{r['overlap_ms']:.0f}", f"{r['step_ms']:.0f}",
+                         f"{r['draft_ms']:.0f}", f"{r.get('draft_forwards_pass', 0):.1f}", f"{r['pass_ms']:.0f}",
+                         f"{r['overlap_ms']:.0f}", f"{r.get('extension_forwards_pass', 0):.1f}", f"{r['step_ms']:.0f}",
                          f"{r['step_ms'] / bound:.2f}", f"{r['tokens_per_pass']:.2f}", f"{r['tokens_per_s']:.2f}",
                          f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
                          "same" if r["texts"] == base["texts"] else "DIFFERENT"])
         parts.append("## One stream, by budget\n\n" + markdown_table(
-            ["budget", "T", "overlap", "draft ms (serial)", "pass ms", "draft ms during the pass", "step ms",
+            ["budget", "T", "overlap", "draft ms (serial)", "draft forwards (serial)", "pass ms",
+             "draft ms during the pass", "draft forwards during the pass", "step ms",
              "step / max(draft off, pass)", "tokens/pass", "tokens/s", "vs off", "texts vs off"], body))
     if "streams" in tables:
         rows = tables["streams"]
