@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.api.test_reasoning_api import SCRIPT, THINK_TEMPLATE
-from tests.helpers.tool_models import HERMES_TEMPLATE, scripted_engine, tool_tokenizer
+from tests.helpers.tool_models import HERMES_TEMPLATE, TOOLS, scripted_engine, tool_tokenizer
 
 # THINK_TEMPLATE that also renders a past assistant turn's reasoning_content (as Qwen3's does)
 REPLAY_TEMPLATE = THINK_TEMPLATE.replace(
@@ -142,3 +142,27 @@ def test_stored_reasoning_goes_on_with_previous_response_id(fake_server) -> None
                          "content": [{"type": "reasoning_text", "text": "kept"}]}
     client.responses.create(model="fake-model", input="again", previous_response_id=second.id)
     assert "<think>kept</think>x" in prompt(srv)
+
+
+def test_a_call_after_reasoning(fake_server) -> None:
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    client = oai(serve(fake_server, f"<think>I should call.</think>\n<tool_call>\n{call}\n</tool_call><|end|>"))
+    tools = [{"type": "function"} | tool["function"] for tool in TOOLS]
+    response = client.responses.create(model="fake-model", input="hi", tools=tools, max_output_tokens=300)
+    assert [item.type for item in response.output] == ["reasoning", "function_call"]
+    assert (response.output[0].content[0].text, response.output[1].name) == ("I should call.", "get_weather")
+    events = list(client.responses.create(model="fake-model", input="hi", tools=tools, max_output_tokens=300,
+                                          stream=True))
+    added = [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"]
+    done = [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.done"]
+    assert added == done == [(0, "reasoning"), (1, "function_call")]
+    kinds = [e.type for e in events]
+    assert kinds.index("response.output_item.done") < kinds.index("response.function_call_arguments.delta")
+
+
+def test_chat_messages_carry_reasoning_content_to_the_template(fake_server) -> None:
+    srv = serve(fake_server)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "answer", "reasoning_content": "a b"},
+                {"role": "user", "content": "more"}]
+    oai(srv).chat.completions.create(model="fake-model", messages=messages)  # type: ignore[arg-type]
+    assert "<|assistant|>\n<think>a b</think>answer<|end|>" in prompt(srv)
