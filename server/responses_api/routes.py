@@ -160,7 +160,8 @@ def _with_id(item: dict[str, Any]) -> dict[str, Any]:
     if "id" in item or item.get("type") == "item_reference":
         return item
     prefix = {"function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc",
-              "custom_tool_call_output": "ctco", "reasoning": "rs"}.get(item.get("type", "message"), "msg")
+              "custom_tool_call_output": "ctco", "reasoning": "rs", "local_shell_call": "lsh",
+              "additional_tools": "at", "agent_message": "amsg"}.get(item.get("type", "message"), "msg")
     return {"id": new_id(prefix), "type": "message"} | item
 
 
