@@ -82,7 +82,7 @@ class PromptBuilder:
         extra = check_template_kwargs(template_kwargs)
         try:
             text = self.tokenizer.apply_chat_template(
-                conversation(messages, self.tools.format), chat_template=self.chat_template,
+                with_reasoning(conversation(messages, self.tools.format), messages), chat_template=self.chat_template,
                 add_generation_prompt=True, tokenize=False, **extra, **tools,
             )
         except jinja2.TemplateError as exc:
@@ -196,11 +196,21 @@ def chat_chars(messages: list[ChatMessage], plan: ToolPlan | None) -> int:
     total = 0
     for message in messages:
         total += len(message_text(message)) + len(message.name or "") + len(message.tool_call_id or "")
+        total += len(message.reasoning_content or "")
         for call in message.tool_calls or ():
             arguments = call.function.arguments
             total += len(call.id or "") + len(call.function.name)
             total += len(arguments) if isinstance(arguments, str) else len(json.dumps(arguments))
     return total + (len(json.dumps(plan.tools)) if plan is not None else 0)
+
+
+def with_reasoning(entries: list[dict[str, Any]], messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The template's messages with each assistant message's `reasoning_content` (a past turn's reasoning:
+    Qwen3's and GLM's templates render it where they keep reasoning; others ignore the key)."""
+    for entry, message in zip(entries, messages, strict=True):
+        if message.reasoning_content:
+            entry["reasoning_content"] = message.reasoning_content
+    return entries
 
 
 def longest_token_chars(tokenizer: Any) -> int:

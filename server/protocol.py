@@ -66,6 +66,7 @@ class ChatMessage(_Model):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
     tool_call_id: str | None = None  # tool: the call this message answers
+    reasoning_content: str | None = None  # assistant: its reasoning, for templates that render it (Qwen3's)
 
 
 class FunctionDefinition(_Model):

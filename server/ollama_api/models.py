@@ -143,6 +143,8 @@ def show(state: ServerState, model_id: str) -> dict[str, Any]:
         capabilities.append("tools")
     if prompt.fim is not None:
         capabilities.append("insert")
+    if prompt.reasoning:  # <think> blocks read apart: `think` is served (server/reasoning.py)
+        capabilities.append("thinking")
     template = prompt.chat_template if isinstance(prompt.chat_template, str) else json.dumps(prompt.chat_template)
     return {"license": "", "modelfile": f"# served by specexec serve\nFROM {state.engine_config.model.target}\n",
             "parameters": _parameters(state), "template": template, "details": info.details(),

@@ -1,8 +1,15 @@
 """`/api/chat` and `/api/generate` bodies -> chat / completion requests over the same engine path.
 
 - `/api/chat`: `messages` (`role` system / user / assistant / tool, `content`, `tool_calls` with
-  `function.arguments` an object, `tool_name` and `tool_call_id` on tool results; `thinking` is
-  skipped), `tools` (function tools, as OpenAI's), `format`, `options`: a chat completion request.
+  `function.arguments` an object, `tool_name` and `tool_call_id` on tool results; an assistant's
+  `thinking` as its `reasoning_content`, for templates that render it), `tools` (function tools, as
+  OpenAI's), `format`, `options`: a chat completion request.
+- `think` (chat, and generate through the template): `true`, or a level `"low"` / `"medium"` / `"high"`
+  (GPT-OSS), asks the template to think (`enable_thinking: true`; a level also as `reasoning_effort`)
+  and the reply's reasoning comes apart (`thinking`); `false` asks it not to (`enable_thinking: false`:
+  Qwen3, SmolLM3, GLM templates) and the reply has no `thinking` (reasoning written anyway is dropped);
+  left out: the template's default, reasoning apart as with `true`. Templates without these variables
+  ignore them. Other values are a 400.
 - `/api/generate`: `prompt` with `system` through the chat template (a system and a user message);
   with `raw: true` the prompt as is (a text completion, as /v1/completions); with `suffix`
   fill-in-the-middle (as /v1/completions with `suffix`).
@@ -12,8 +19,7 @@
   `repeat_penalty`, `presence_penalty`, `frequency_penalty`; `num_ctx` is accepted (the context is the
   server's, --max-context); `typical_p` other than 1 and `mirostat` other than 0 are 400s (not
   implemented); the loading options (`num_gpu`, `num_thread`, `num_batch`, `use_mmap`, ...) are ignored.
-- Accepted and ignored: `keep_alive` (the model stays loaded), `think` (no thinking output),
-  `truncate`, `shift`. Images, `template`, `context` and `logprobs` are 400s.
+- Accepted and ignored: `keep_alive` (the model stays loaded), `truncate`, `shift`. Images, `template`, `context` and `logprobs` are 400s.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from server.json_body import load_json_object
 from server.protocol import ChatCompletionRequest, CompletionRequest, validated_as
 
 FILL_CONTEXT = (-1, -2)  # num_predict: generate until the context is full
+THINK_LEVELS = ("low", "medium", "high")  # `think` as a string (GPT-OSS's reasoning levels)
 
 
 class _Model(BaseModel):
@@ -68,6 +75,7 @@ class Message(_Model):
     tool_calls: list[ToolCall] | None = None
     tool_name: str | None = None
     tool_call_id: str | None = None
+    thinking: str | None = None
 
 
 class OllamaRequest(_Model):
@@ -127,11 +135,24 @@ def _check_common(request: OllamaRequest) -> None:
     if request.logprobs:
         raise unsupported("logprobs", "logprobs are not supported on /api/chat and /api/generate here; "
                                       "/v1/chat/completions has them.")
+    if isinstance(request.think, str) and request.think not in THINK_LEVELS:
+        raise invalid_request(f"invalid value for 'think': {request.think!r} (use true, false, \"low\", \"medium\" "
+                              "or \"high\")", "think", "invalid_value")
+
+
+def think_kwargs(think: bool | str | None) -> dict[str, Any] | None:
+    """`think` as chat template variables (None: left out, the template's default)."""
+    if think is None:
+        return None
+    if isinstance(think, str):
+        return {"enable_thinking": True, "reasoning_effort": think}
+    return {"enable_thinking": think}
 
 
 def chat_request(request: ChatRequest, max_context: int) -> ChatCompletionRequest:
     messages = [_chat_message(message, i) for i, message in enumerate(request.messages)]
-    return _validated(ChatCompletionRequest, {"messages": messages, "tools": request.tools}, request, max_context)
+    return _validated(ChatCompletionRequest, {"messages": messages, "tools": request.tools,
+                                              "chat_template_kwargs": think_kwargs(request.think)}, request, max_context)
 
 
 def generate_request(request: GenerateRequest, max_context: int) -> ChatCompletionRequest | CompletionRequest:
@@ -150,7 +171,8 @@ def generate_request(request: GenerateRequest, max_context: int) -> ChatCompleti
         return _validated(CompletionRequest, fields, request, max_context)
     messages = ([{"role": "system", "content": request.system}] if request.system else [])
     messages.append({"role": "user", "content": request.prompt})
-    return _validated(ChatCompletionRequest, {"messages": messages}, request, max_context)
+    return _validated(ChatCompletionRequest, {"messages": messages, "chat_template_kwargs": think_kwargs(request.think)},
+                      request, max_context)
 
 
 def _chat_message(message: Message, index: int) -> dict[str, Any]:
@@ -165,6 +187,8 @@ def _chat_message(message: Message, index: int) -> dict[str, Any]:
         out["name"] = message.tool_name
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
+    if message.thinking and out["role"] == "assistant":
+        out["reasoning_content"] = message.thinking
     return out
 
 

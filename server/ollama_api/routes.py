@@ -172,12 +172,13 @@ async def _generate(request: Request, chat: bool) -> Response:
     inner = inner.model_copy(update={"model": model_id})
     gens, _ = await start_generations(state, inner, chat, ENDPOINT, lane)  # stream false: whole tool calls
     gen = gens[0]
+    think = req.think is not False  # false: reasoning the model writes anyway is dropped
     if req.stream is not False:
-        return StreamingResponse(_lines(gen, name, chat, started), media_type=NDJSON)
+        return StreamingResponse(_lines(gen, name, chat, started, think), media_type=NDJSON)
     texts = await collect_texts(request, gens, gen.request_id)
     if texts is None:
         return Response(status_code=499)
-    thinking, content, calls = _split(_deltas(gen, texts[0]) + _finish_deltas(gen))
+    thinking, content, calls = _split(_deltas(gen, texts[0]) + _finish_deltas(gen), think)
     return JSONResponse(_head(name) | _payload(chat, content, calls, thinking) | _final(gen, started))
 
 
@@ -208,16 +209,17 @@ def _finish_deltas(gen: Generation) -> list[Delta]:
     return gen.finish_deltas()
 
 
-def _split(deltas: list[Delta]) -> tuple[str, str, list[dict[str, Any]]]:
-    """Deltas -> (thinking, content, whole tool calls). Read with eager=False, a call's entries (its start
-    and its arguments) come in the same batch."""
+def _split(deltas: list[Delta], think: bool = True) -> tuple[str, str, list[dict[str, Any]]]:
+    """Deltas -> (thinking, "" when not `think`; content; whole tool calls). Read with eager=False, a call's
+    entries (its start and its arguments) come in the same batch."""
     thinking: list[str] = []
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
     arguments: dict[int, list[str]] = {}
     for delta in deltas:
         if delta.reasoning is not None:
-            thinking.append(delta.reasoning)
+            if think:
+                thinking.append(delta.reasoning)
             continue
         if delta.content is not None:
             content.append(delta.content)
@@ -247,13 +249,13 @@ def _line(payload: dict[str, Any]) -> str:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
-async def _lines(gen: Generation, name: str, chat: bool, started: int) -> AsyncIterator[str]:
+async def _lines(gen: Generation, name: str, chat: bool, started: int, think: bool) -> AsyncIterator[str]:
     try:
         async for piece in gen.pieces():
-            thinking, content, calls = _split(_deltas(gen, piece))
+            thinking, content, calls = _split(_deltas(gen, piece), think)
             if thinking or content or calls:
                 yield _line(_head(name) | _payload(chat, content, calls, thinking) | {"done": False})
-        thinking, content, calls = _split(_finish_deltas(gen))
+        thinking, content, calls = _split(_finish_deltas(gen), think)
         if thinking or content or calls:
             yield _line(_head(name) | _payload(chat, content, calls, thinking) | {"done": False})
         yield _line(_head(name) | _payload(chat, "", []) | _final(gen, started))

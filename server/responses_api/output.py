@@ -1,10 +1,12 @@
 """Responses API output: the `response` object, its output items, and the stream events that build them.
 
-`OutputItems` turns one generation's deltas (content, or tool-call entries: server/toolcalls/output.py)
-into output items, `message` (one `output_text` part), `function_call` and `custom_tool_call` (a call
-of a custom tool: server/responses_api/custom_tools.py), in the order the model wrote them, and into the
-typed events OpenAI's SDKs parse: `response.output_item.added`, `response.content_part.added`,
-`response.output_text.delta`, `response.output_text.done`, `response.content_part.done`,
+`OutputItems` turns one generation's deltas (reasoning, content, or tool-call entries:
+server/toolcalls/output.py) into output items, `reasoning` (the leading <think> block: server/reasoning.py;
+one `reasoning_text` content part, `summary` empty), `message` (one `output_text` part), `function_call`
+and `custom_tool_call` (a call of a custom tool: server/responses_api/custom_tools.py), in the order the
+model wrote them, and into the typed events OpenAI's SDKs parse: `response.output_item.added`,
+`response.content_part.added`, `response.reasoning_text.delta` / `.done` (reasoning),
+`response.output_text.delta` / `.done` (message), `response.content_part.done`,
 `response.function_call_arguments.delta` / `.done` (`response.custom_tool_call_input.delta` / `.done`),
 `response.output_item.done`. The same object serves whole responses (its events unused).
 """
@@ -31,6 +33,15 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
             "content": [] if status == "in_progress" else [text_part(text)]}
 
 
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+            "content": [] if status == "in_progress" else [reasoning_part(text)]}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
 def text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -49,17 +60,22 @@ class OutputItems:
     def __init__(self, custom_names: frozenset[str] = frozenset()) -> None:
         self.items: list[dict[str, Any]] = []
         self._text: list[str] | None = None  # the open message's text
+        self._reasoning: list[str] | None = None  # the open reasoning item's text
         self._call_items: dict[int, int] = {}  # tool-call index -> output index
         self._custom_names = custom_names  # calls of these tools are custom_tool_call items
         self._inputs: dict[int, tuple[InputReader, list[str]]] = {}  # output index -> (reader, arguments so far)
 
     def feed(self, delta: Delta) -> list[Event]:
         """Events of one delta; an item is done (its `.done` events sent) before the next one is added."""
+        if delta.reasoning is not None:
+            return self._close_message("completed") + self._close_calls() + self._reasoning_text(delta.reasoning) \
+                if delta.reasoning else []
         if delta.content is not None:
-            return self._close_calls() + self._content(delta.content) if delta.content else []
+            return self._close_reasoning("completed") + self._close_calls() + self._content(delta.content) \
+                if delta.content else []
         assert delta.tool_call is not None
         entry = delta.tool_call
-        events = self._close_message("completed")
+        events = self._close_reasoning("completed") + self._close_message("completed")
         if "id" in entry:  # a call starts
             events += self._close_calls()
             index = len(self.items)
@@ -94,11 +110,11 @@ class OutputItems:
 
     def close(self, status: str) -> list[Event]:
         """End of output (`status`: "completed" or "incomplete"): close what is open; a response always
-        has at least one item (an empty message when the model wrote nothing)."""
+        has at least one item (an empty message when the model wrote nothing; reasoning alone, as when
+        max_output_tokens cut it off, is left alone, as OpenAI's)."""
+        events = self._close_reasoning(status)
         if not self.items:
-            events = self._content("")
-        else:
-            events = []
+            events += self._content("")
         return events + self._close_message(status) + self._close_calls()
 
     def _close_calls(self) -> list[Event]:
@@ -127,6 +143,33 @@ class OutputItems:
         item["input"] = whole
         return events + [("response.custom_tool_call_input.done",
                           {"item_id": item["id"], "output_index": index, "input": whole})]
+
+    def _reasoning_text(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        index = len(self.items) - 1
+        if self._reasoning is None:
+            index = len(self.items)
+            self.items.append(reasoning_item(new_id("rs"), "", "in_progress"))
+            self._reasoning = []
+            events += [("response.output_item.added", {"output_index": index, "item": dict(self.items[index])}),
+                       ("response.content_part.added", {"item_id": self.items[index]["id"], "output_index": index,
+                                                        "content_index": 0, "part": reasoning_part("")})]
+        self._reasoning.append(text)
+        events.append(("response.reasoning_text.delta", {"item_id": self.items[index]["id"], "output_index": index,
+                                                         "content_index": 0, "delta": text}))
+        return events
+
+    def _close_reasoning(self, status: str) -> list[Event]:
+        if self._reasoning is None:
+            return []
+        index = len(self.items) - 1
+        item = self.items[index]
+        text, self._reasoning = "".join(self._reasoning), None
+        self.items[index] = reasoning_item(item["id"], text, status)
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return [("response.reasoning_text.done", where | {"text": text}),
+                ("response.content_part.done", where | {"part": reasoning_part(text)}),
+                ("response.output_item.done", {"output_index": index, "item": self.items[index]})]
 
     def _content(self, text: str) -> list[Event]:
         events: list[Event] = []
@@ -183,6 +226,7 @@ def response_fields(request: Any, tools: list[dict[str, Any]]) -> dict[str, Any]
     fmt = request.text.format.model_dump(by_alias=True, exclude_none=True) if request.text and request.text.format \
         else {"type": "text"}
     choice = request.tool_choice
+    reasoning = getattr(request, "reasoning", None)
     return {
         "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
         "parallel_tool_calls": request.parallel_tool_calls is not False,
@@ -192,7 +236,8 @@ def response_fields(request: Any, tools: list[dict[str, Any]]) -> dict[str, Any]
         "tool_choice": choice.model_dump() if hasattr(choice, "model_dump") else (choice or "auto"),
         "tools": tools, "text": {"format": fmt}, "store": request.store is not False,
         "metadata": request.metadata or {}, "user": request.user, "truncation": "disabled",
-        "reasoning": {"effort": None, "summary": None}, "background": False, "service_tier": "default",
+        "reasoning": {"effort": reasoning.effort if reasoning else None, "summary": reasoning.summary if reasoning else None},
+        "background": False, "service_tier": "default",
     }
 
 

@@ -1,19 +1,18 @@
 """A `POST /v1/responses` body -> a chat completion request over the same engine path.
 
-Fields (OpenAI's Responses API): `model`, `input` (a string, or items: messages with text content,
-`function_call`, `function_call_output`, `custom_tool_call`, `custom_tool_call_output`, `item_reference`;
-`reasoning` items are skipped), `instructions` (a system message first), `max_output_tokens`, `temperature`,
-`top_p`, `tools` (function tools, and custom tools as functions taking one string:
-server/responses_api/custom_tools.py; other tool types, such as Codex's `namespace`, `web_search` and
-`image_generation`, are left out, each type logged once), `tool_choice`, `parallel_tool_calls`, `text.format`
-(text, json_object, json_schema), `stream`, `store`, `previous_response_id`, `metadata`, `user`; our
-extras `seed`, `top_k`, `min_p`, `stop`. Unknown fields (`include`, `reasoning`, `prompt_cache_key`,
-...) are ignored; `background: true` is a 400.
+Fields (OpenAI's Responses API): `model`, `input` (a string, or items: server/responses_api/items.py),
+`instructions` (a system message first), `max_output_tokens`, `temperature`, `top_p`, `tools` (function
+tools, and custom tools as functions taking one string: server/responses_api/custom_tools.py; with the
+tools of `additional_tools` input items; other tool types, such as Codex's `namespace`, `web_search` and
+`image_generation`, are left out, each type logged once), `tool_choice`, `parallel_tool_calls`,
+`text.format` (text, json_object, json_schema; `text.verbosity` ignored), `reasoning` (`effort` as template
+variables, `REASONING_EFFORT`; `summary` ignored), `stream`, `store`, `previous_response_id`, `metadata`,
+`user`; our extras `seed`, `top_k`, `min_p`, `stop`, `chat_template_kwargs`. Unknown fields (`include`,
+`prompt_cache_key`, `service_tier`, `client_metadata`, ...) are ignored; `background: true` is a 400.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any, Literal
@@ -23,14 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
 from server.protocol import ChatCompletionRequest, check_supported, error_param
-from server.responses_api.custom_tools import call_arguments, custom_function
+from server.responses_api.custom_tools import custom_function
+from server.responses_api.items import chat_messages, conversation_tools
 from server.responses_api.store import MAX_ITEMS
 
 log = logging.getLogger("specexec.server")
 
 Item = dict[str, Any]
-TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
-ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _ignored_tool_types: set[str] = set()
 
 
@@ -48,6 +46,27 @@ class TextFormat(_Model):
 
 class TextConfig(_Model):
     format: TextFormat | None = None
+
+
+# `reasoning.effort` -> chat template variables: "none" and "minimal" ask the template not to think
+# (Qwen3, SmolLM3, GLM read `enable_thinking`); the others ask it to, and name the level as GPT-OSS's
+# template reads it (`reasoning_effort`: low, medium or high). A template without these variables ignores them.
+REASONING_EFFORT: dict[str, dict[str, Any]] = {
+    "none": {"enable_thinking": False}, "minimal": {"enable_thinking": False},
+    "low": {"enable_thinking": True, "reasoning_effort": "low"},
+    "medium": {"enable_thinking": True, "reasoning_effort": "medium"},
+    "high": {"enable_thinking": True, "reasoning_effort": "high"},
+    "xhigh": {"enable_thinking": True, "reasoning_effort": "high"},
+    "max": {"enable_thinking": True, "reasoning_effort": "high"},
+}
+
+
+class ReasoningConfig(_Model):
+    """`reasoning`: `effort` (REASONING_EFFORT); `summary` ("auto", "concise", "detailed", "none") is
+    accepted and ignored: the reasoning comes back whole, as `reasoning_text` content."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: str | None = None
 
 
 class NamedTool(_Model):
@@ -74,32 +93,30 @@ class ResponsesRequest(_Model):
     metadata: dict[str, str] | None = None
     user: str | None = None
     background: bool | None = None
+    reasoning: ReasoningConfig | None = None
     # extras beyond OpenAI's Responses API (as on chat)
     seed: int | None = None
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
     stop: str | list[str] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # as on chat: extra template variables
 
-    def function_tools(self) -> list[Item]:
-        """The function and custom tools as chat's `{"type": "function", "function": {...}}`; other types
-        are left out."""
-        out = []
-        for i, tool in enumerate(self.tools or []):
-            if tool.get("type") == "custom":
-                out.append(custom_function(tool, i))
-                continue
-            if tool.get("type") != "function":
-                _ignore_tool_type(str(tool.get("type")))
-                continue
-            if not isinstance(tool.get("name"), str) or not tool["name"]:
-                raise invalid_request("A function tool needs a 'name'.", f"tools[{i}].name", "missing_required_parameter")
-            out.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters",
-                                                                              "strict") if tool.get(k) is not None}})
-        return out
+    def offered_tools(self, items: list[Item]) -> list[Item]:
+        """The request's tools, then those of the conversation's `additional_tools` items whose names are
+        new (Responses tool objects, all types)."""
+        tools = list(self.tools or [])
+        names = {tool.get("name") for tool in tools}
+        for tool in conversation_tools(items):
+            if tool.get("name") is None or tool.get("name") not in names:
+                names.add(tool.get("name"))
+                tools.append(tool)
+        return tools
 
-    def custom_tool_names(self) -> frozenset[str]:
-        """The names of the custom tools: the model's calls to them are custom_tool_call items."""
-        return frozenset(str(tool.get("name")) for tool in self.tools or [] if tool.get("type") == "custom")
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """Chat template variables: those `reasoning.effort` implies, then `chat_template_kwargs`."""
+        effort = self.reasoning.effort if self.reasoning is not None else None
+        kwargs = REASONING_EFFORT.get(effort, {}) | (self.chat_template_kwargs or {})  # type: ignore[arg-type]
+        return kwargs or None
 
     def response_format(self) -> Item | None:
         fmt = self.text.format if self.text is not None else None
@@ -107,6 +124,28 @@ class ResponsesRequest(_Model):
             return None if fmt is None else {"type": fmt.type}
         schema = {"name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}
         return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
+
+
+def function_tools(tools: list[Item]) -> list[Item]:
+    """Function and custom tools as chat's `{"type": "function", "function": {...}}`; other types are left out."""
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") == "custom":
+            out.append(custom_function(tool, i))
+            continue
+        if tool.get("type") != "function":
+            _ignore_tool_type(str(tool.get("type")))
+            continue
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise invalid_request("A function tool needs a 'name'.", f"tools[{i}].name", "missing_required_parameter")
+        out.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters",
+                                                                          "strict") if tool.get(k) is not None}})
+    return out
+
+
+def custom_tool_names(tools: list[Item]) -> frozenset[str]:
+    """The names of the custom tools: the model's calls to them are custom_tool_call items."""
+    return frozenset(str(tool.get("name")) for tool in tools if tool.get("type") == "custom")
 
 
 def _ignore_tool_type(kind: str) -> None:
@@ -117,7 +156,8 @@ def _ignore_tool_type(kind: str) -> None:
         log.info("/v1/responses: tools of type %r are left out (only function tools are served)", kind)
 
 
-FIELDS = {name for cls in (ResponsesRequest, TextConfig, TextFormat, NamedTool) for name in cls.model_fields} | {
+FIELDS = {name for cls in (ResponsesRequest, TextConfig, TextFormat, NamedTool, ReasoningConfig)
+          for name in cls.model_fields} | {
     "schema"}
 
 
@@ -146,17 +186,21 @@ def input_items(request: ResponsesRequest) -> list[Item]:
     return list(request.input)
 
 
-def chat_request(request: ResponsesRequest, items: list[Item], lookup: Callable[[str], Item | None]) -> ChatCompletionRequest:
+def chat_request(request: ResponsesRequest, items: list[Item], lookup: Callable[[str], Item | None],
+                 tools: list[Item] | None = None) -> ChatCompletionRequest:
     """The chat completion request that serves `request`; `items` is the whole conversation (history
-    from previous_response_id first); `lookup` finds a stored item by id (item_reference)."""
+    from previous_response_id first); `lookup` finds a stored item by id (item_reference); `tools`: the
+    tools offered (default: `request.offered_tools(items)`)."""
+    tools = request.offered_tools(items) if tools is None else tools
     messages = ([{"role": "system", "content": request.instructions}] if request.instructions else [])
     messages += chat_messages(items, lookup)
     body: dict[str, Any] = {
         "model": request.model, "messages": messages, "stream": request.stream,
         "max_tokens": request.max_output_tokens, "temperature": request.temperature, "top_p": request.top_p,
-        "tools": request.function_tools() or None, "parallel_tool_calls": request.parallel_tool_calls,
+        "tools": function_tools(tools) or None, "parallel_tool_calls": request.parallel_tool_calls,
         "response_format": request.response_format(), "user": request.user, "seed": request.seed,
         "top_k": request.top_k, "min_p": request.min_p, "stop": request.stop,
+        "chat_template_kwargs": request.template_kwargs(),
     }
     choice = request.tool_choice
     body["tool_choice"] = {"type": "function", "function": {"name": choice.name}} if isinstance(choice, NamedTool) \
@@ -170,65 +214,6 @@ def chat_request(request: ResponsesRequest, items: list[Item], lookup: Callable[
         exc.param = _responses_param(exc.param)
         raise
     return chat
-
-
-def chat_messages(items: list[Item], lookup: Callable[[str], Item | None]) -> list[Item]:
-    """Response items -> chat messages: a function_call (or custom_tool_call) joins the assistant message
-    before it (or starts one), a function_call_output (or custom_tool_call_output) is a tool message."""
-    messages: list[Item] = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise invalid_request("Input items must be objects.", f"input[{i}]", "invalid_value")
-        if item.get("type") == "item_reference":
-            found = lookup(str(item.get("id")))
-            if found is None:
-                raise invalid_request(f"No stored item with id {item.get('id')!r}.", f"input[{i}].id", "invalid_value")
-            item = found
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
-            if role is None:
-                raise invalid_request(f"Unknown role {item.get('role')!r}.", f"input[{i}].role", "invalid_value")
-            messages.append({"role": role, "content": _text(item.get("content"), f"input[{i}].content")})
-        elif kind in ("function_call", "custom_tool_call"):
-            arguments = (item.get("arguments") or "{}") if kind == "function_call" else call_arguments(
-                _text(item.get("input"), f"input[{i}].input"))
-            call = {"id": _field(item, "call_id", i), "type": "function",
-                    "function": {"name": _field(item, "name", i), "arguments": arguments}}
-            last = messages[-1] if messages else None
-            if last is None or last["role"] != "assistant":
-                last = {"role": "assistant", "content": None}
-                messages.append(last)
-            last.setdefault("tool_calls", []).append(call)
-        elif kind in ("function_call_output", "custom_tool_call_output"):
-            messages.append({"role": "tool", "tool_call_id": _field(item, "call_id", i),
-                             "content": _text(item.get("output"), f"input[{i}].output")})
-        elif kind != "reasoning":
-            raise unsupported(f"input[{i}].type", f"Input items of type {kind!r} are not supported by this server.")
-    return messages
-
-
-def _field(item: Item, name: str, index: int) -> str:
-    value = item.get(name)
-    if not isinstance(value, str) or not value:
-        raise invalid_request(f"A {item.get('type')} item needs '{name}'.", f"input[{index}].{name}",
-                              "missing_required_parameter")
-    return value
-
-
-def _text(content: Any, param: str) -> str:
-    """A message's content (a string, or text parts) as text."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if not isinstance(content, list):
-        return json.dumps(content, ensure_ascii=False)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS and kind != "refusal":
-            raise unsupported(f"{param}[{j}]", f"Only text content is supported, got {kind!r}.")
-        texts.append(part.get("text") or part.get("refusal") or "")
-    return "".join(texts)
 
 
 def _responses_param(param: str | None) -> str | None:

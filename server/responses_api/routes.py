@@ -26,7 +26,13 @@ from server.json_pieces import dumps_in_pieces
 from server.limits import read_body
 from server.protocol import ChatCompletionRequest
 from server.responses_api.output import OutputItems, ResponseHead, new_id, response_fields, usage
-from server.responses_api.request import ResponsesRequest, chat_request, input_items, parse_responses
+from server.responses_api.request import (
+    ResponsesRequest,
+    chat_request,
+    custom_tool_names,
+    input_items,
+    parse_responses,
+)
 from server.responses_api.store import (
     MAX_ITEMS,
     MAX_STORED,
@@ -74,7 +80,7 @@ async def _create(request: Request, state: ServerState) -> Response:
     _check_conversation(len(history), len(own))
     # what the stored items bring counts toward the lane as the body does (server/preparation.py)
     lane = state.preparation.lane(len(raw) + history_bytes + store.item_bytes(own))
-    chat, pending = await lane.run(_prepare, req, history, history_bytes, own, len(raw), store)
+    chat, pending, custom_names = await lane.run(_prepare, req, history, history_bytes, own, len(raw), store)
     gens, _ = await start_generations(state, chat, True, ENDPOINT, lane)
     gen = gens[0]
     head = ResponseHead(state.response_model(req.model), response_fields(req, list(req.tools or [])))
@@ -83,14 +89,14 @@ async def _create(request: Request, state: ServerState) -> Response:
         async def on_close(message: Any) -> None:
             gen.cancel()
 
-        events = _events(gen, head, saved, req.custom_tool_names())
+        events = _events(gen, head, saved, custom_names)
         return EventSourceResponse(events, sep="\n", ping=config.ping_seconds,
                                    ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
                                    client_close_handler_callable=on_close, headers={"x-request-id": head.id})
     texts = await collect_texts(request, gens, head.id)
     if texts is None:
         return Response(status_code=499)
-    items = OutputItems(req.custom_tool_names())
+    items = OutputItems(custom_names)
     for delta in _deltas(gen, texts[0]) + _finish_deltas(gen):
         items.feed(delta)
     incomplete = _incomplete(gen)
@@ -102,13 +108,12 @@ async def _create(request: Request, state: ServerState) -> Response:
 
 
 def _deltas(gen: Generation, text: str) -> list[Delta]:
-    if gen.tools is None:
-        return [Delta(content=text)]
-    return gen.tools.feed(text)
+    """Reasoning (a leading <think> block: server/reasoning.py), content and tool-call deltas."""
+    return gen.deltas(text)
 
 
 def _finish_deltas(gen: Generation) -> list[Delta]:
-    return [] if gen.tools is None else gen.tools.finish(gen.finish_reason)
+    return gen.finish_deltas(gen.finish_reason)
 
 
 def _incomplete(gen: Generation) -> bool:
@@ -132,14 +137,16 @@ def _check_conversation(num_history: int, num_input: int) -> None:
 
 
 def _prepare(req: ResponsesRequest, history: list[dict[str, Any]], history_bytes: int, own: list[dict[str, Any]],
-             body_bytes: int, store: ResponseStore) -> tuple[ChatCompletionRequest, PendingResponse | None]:
+             body_bytes: int, store: ResponseStore
+             ) -> tuple[ChatCompletionRequest, PendingResponse | None, frozenset[str]]:
     """The chat request (in a preparation lane: item_reference lookups and the conversation's messages),
-    and with `store` what the response will keep."""
-    chat = chat_request(req, history + own, store.item)
+    with `store` what the response will keep, and the names of the custom tools offered."""
+    tools = req.offered_tools(history + own)
+    chat = chat_request(req, history + own, store.item, tools)
     if req.store is False:
-        return chat, None
+        return chat, None, custom_tool_names(tools)
     kept, kept_bytes = stored_items(own)
-    return chat, PendingResponse(history, history_bytes, kept, kept_bytes, body_bytes)
+    return chat, PendingResponse(history, history_bytes, kept, kept_bytes, body_bytes), custom_tool_names(tools)
 
 
 def _save(saved: tuple[ResponseStore, PendingResponse] | None, body: dict[str, Any]) -> None:
@@ -153,7 +160,8 @@ def _with_id(item: dict[str, Any]) -> dict[str, Any]:
     if "id" in item or item.get("type") == "item_reference":
         return item
     prefix = {"function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc",
-              "custom_tool_call_output": "ctco"}.get(item.get("type", "message"), "msg")
+              "custom_tool_call_output": "ctco", "reasoning": "rs", "local_shell_call": "lsh",
+              "additional_tools": "at", "agent_message": "amsg"}.get(item.get("type", "message"), "msg")
     return {"id": new_id(prefix), "type": "message"} | item
 
 

@@ -34,7 +34,7 @@ STORED_FIELDS: dict[str, tuple[str, ...]] = {
     "custom_tool_call": ("id", "type", "call_id", "name", "input", "status"),
     "custom_tool_call_output": ("id", "type", "call_id", "output", "status"),
     "item_reference": ("id", "type"),
-    "reasoning": ("id", "type", "summary"),
+    "reasoning": ("id", "type", "summary", "content", "status"),  # not encrypted_content: nothing here reads it
 }
 PART_FIELDS = ("type", "text", "refusal")  # of a content or summary part
 

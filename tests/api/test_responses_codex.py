@@ -1,7 +1,11 @@
 """/v1/responses as OpenAI's Codex CLI (0.171) sends it: developer messages, tools of other types than
 `function` (namespace, web_search, image_generation, custom), `strict: false`, `store: false` with
 `include: ["reasoning.encrypted_content"]`, `reasoning`, `prompt_cache_key`, `client_metadata`, probes with
-`max_output_tokens: 1`, and a previous_response_id of a response that was not stored."""
+`max_output_tokens: 1`, and a previous_response_id of a response that was not stored; and every input item
+type current Codex (codex-rs protocol `ResponseItem`) may replay: reasoning with only `encrypted_content`,
+`phase` on messages, `namespace` on calls, content-item tool outputs, `local_shell_call`, `web_search_call`,
+`image_generation_call`, `tool_search_call` / `_output`, `agent_message`, compaction items, and tools sent
+in an `additional_tools` item; with `text.verbosity`, `service_tier` and `reasoning.effort`."""
 
 from __future__ import annotations
 
@@ -90,3 +94,69 @@ def test_probes_with_max_output_tokens_1(fake_server) -> None:
     streamed = events(httpx.post(srv.url + "/v1/responses", json=probe, timeout=30))
     assert streamed[-1]["type"] == "response.incomplete" and streamed[-1]["response"]["usage"]["output_tokens"] == 1
     assert srv.engine.requests[-1].params.max_tokens == 1
+
+
+def codex_history(call_id: str) -> list[dict[str, Any]]:
+    """Every input item type a current Codex (codex-rs protocol ResponseItem) may replay with store false."""
+    return first_turn() + [
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "**Listing**"}],
+         "encrypted_content": "gAAAAB-opaque"},
+        {"type": "message", "role": "assistant", "phase": "commentary",
+         "content": [{"type": "output_text", "text": "Listing the files."}]},
+        {"type": "function_call", "name": "exec_command", "namespace": None, "arguments": '{"cmd": "ls"}',
+         "call_id": call_id},
+        {"type": "function_call_output", "call_id": call_id,
+         "output": [{"type": "input_text", "text": "a.py\nb.py"}, {"type": "encrypted_content",
+                                                                   "encrypted_content": "x"}]},
+        {"type": "custom_tool_call", "status": "completed", "call_id": "ctc_1", "name": "apply_patch",
+         "input": "*** Begin Patch\n*** End Patch"},
+        {"type": "custom_tool_call_output", "call_id": "ctc_1", "name": "apply_patch", "output": "Done!"},
+        {"type": "local_shell_call", "call_id": "lsh_1", "status": "completed",
+         "action": {"type": "exec", "command": ["pwd"], "timeout_ms": 1000, "working_directory": None,
+                    "env": None, "user": None}},
+        {"type": "function_call_output", "call_id": "lsh_1", "output": "/w"},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed",
+         "action": {"type": "search", "query": "weather in Paris"}},
+        {"type": "image_generation_call", "id": "ig_1", "status": "completed", "revised_prompt": "a cat",
+         "result": "iVBORw0KGgo="},
+        {"type": "tool_search_call", "call_id": "ts_1", "status": "completed", "execution": "client",
+         "arguments": {"query": "git"}},
+        {"type": "tool_search_output", "call_id": "ts_1", "status": "completed", "execution": "client",
+         "tools": []},
+        {"type": "agent_message", "author": "worker-1", "recipient": "main",
+         "content": [{"type": "input_text", "text": "Tests pass."}]},
+        {"type": "compaction", "encrypted_content": "cmp-opaque"},
+        {"type": "context_compaction", "encrypted_content": "cc-opaque"},
+        {"type": "compaction_trigger"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Now what?"}]}]
+
+
+def test_a_current_codex_request_with_every_item_type(fake_server) -> None:
+    srv = server(fake_server, "Done.<|end|>")
+    body = codex_body(codex_history("call_1"), reasoning={"effort": "medium", "summary": "auto"},
+                      text={"verbosity": "low"}, service_tier="priority")
+    stream = events(httpx.post(srv.url + "/v1/responses", json=body, timeout=30))
+    assert stream[-1]["type"] == "response.completed"
+    assert stream[-1]["response"]["reasoning"] == {"effort": "medium", "summary": "auto"}
+    prompt = srv.engine.tokenizer.decode(srv.engine.requests[-1].prompt_ids)
+    turns = prompt[prompt.index("List files"):]  # after the tool definitions
+    order = ["Listing the files.", '<tool_call>\n{"name": "exec_command"', "a.py\nb.py", '{"name": "apply_patch"',
+             "Done!", '{"name": "local_shell", "arguments": {"command": ["pwd"], "timeout_ms": 1000}}',
+             "<tool_response>\n/w\n", "Message from worker-1 to main:\nTests pass.", "Now what?"]
+    assert [turns.index(text) for text in order] == sorted(turns.index(text) for text in order)
+    for opaque in ("opaque", "weather in Paris", "iVBORw0KGgo"):
+        assert opaque not in prompt
+    # not streamed, and the same history after a stored response: still a 200
+    whole = httpx.post(srv.url + "/v1/responses", json=body | {"stream": False, "store": True}, timeout=30)
+    assert whole.status_code == 200 and whole.json()["output"][-1]["content"][0]["text"] == "Done."
+
+
+def test_tools_sent_in_an_additional_tools_item(fake_server) -> None:
+    srv = server(fake_server, CALL)
+    tools_item = {"type": "additional_tools", "id": "at_1", "role": "developer", "tools": CODEX_TOOLS}
+    body = codex_body([tools_item] + first_turn(), tools=[], max_output_tokens=300)
+    final = events(httpx.post(srv.url + "/v1/responses", json=body, timeout=30))[-1]["response"]
+    call = next(item for item in final["output"] if item["type"] == "function_call")
+    assert call["name"] == "exec_command" and json.loads(call["arguments"]) == {"cmd": "ls"}
+    prompt = srv.engine.tokenizer.decode(srv.engine.requests[-1].prompt_ids)
+    assert '"name": "exec_command"' in prompt and '"name": "apply_patch"' in prompt and "at_1" not in prompt
