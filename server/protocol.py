@@ -66,6 +66,7 @@ class ChatMessage(_Model):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
     tool_call_id: str | None = None  # tool: the call this message answers
+    reasoning_content: str | None = None  # assistant: its reasoning (read by harmony templates: server/harmony_output.py)
 
 
 class FunctionDefinition(_Model):

@@ -1,8 +1,8 @@
 """`/api/chat` and `/api/generate` bodies -> chat / completion requests over the same engine path.
 
 - `/api/chat`: `messages` (`role` system / user / assistant / tool, `content`, `tool_calls` with
-  `function.arguments` an object, `tool_name` and `tool_call_id` on tool results; `thinking` is
-  skipped), `tools` (function tools, as OpenAI's), `format`, `options`: a chat completion request.
+  `function.arguments` an object, `tool_name` and `tool_call_id` on tool results; an assistant's
+  `thinking` becomes its `reasoning_content`, read by harmony templates only: server/harmony_output.py), `tools` (function tools, as OpenAI's), `format`, `options`: a chat completion request.
 - `/api/generate`: `prompt` with `system` through the chat template (a system and a user message);
   with `raw: true` the prompt as is (a text completion, as /v1/completions); with `suffix`
   fill-in-the-middle (as /v1/completions with `suffix`).
@@ -68,6 +68,7 @@ class Message(_Model):
     tool_calls: list[ToolCall] | None = None
     tool_name: str | None = None
     tool_call_id: str | None = None
+    thinking: str | None = None
 
 
 class OllamaRequest(_Model):
@@ -165,6 +166,8 @@ def _chat_message(message: Message, index: int) -> dict[str, Any]:
         out["name"] = message.tool_name
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
+    if message.thinking and out["role"] == "assistant":
+        out["reasoning_content"] = message.thinking
     return out
 
 

@@ -104,11 +104,16 @@ async def _create(request: Request, state: ServerState) -> Response:
 def _deltas(gen: Generation, text: str) -> list[Delta]:
     if gen.tools is None:
         return [Delta(content=text)]
-    return gen.tools.feed(text)
+    return _answer(gen.tools.feed(text))
 
 
 def _finish_deltas(gen: Generation) -> list[Delta]:
-    return [] if gen.tools is None else gen.tools.finish(gen.finish_reason)
+    return [] if gen.tools is None else _answer(gen.tools.finish(gen.finish_reason))
+
+
+def _answer(deltas: list[Delta]) -> list[Delta]:
+    """Content and calls: a harmony model's analysis (server/harmony_output.py) is left out here."""
+    return [delta for delta in deltas if delta.reasoning is None]
 
 
 def _incomplete(gen: Generation) -> bool:
