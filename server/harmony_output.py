@@ -120,7 +120,7 @@ class HarmonyOutput:
             self._num_started += 1
             if self._calls and (self._max_calls is None or self._num_started <= self._max_calls):
                 if self._eager:
-                    return out + [self._start(value, "")]
+                    return out + [self._start(value)]
                 self._pending = (value, [])
             return out
         if kind == "args":
@@ -142,13 +142,17 @@ class HarmonyOutput:
         (name, pieces), self._pending = self._pending, None
         if cut_off:
             return [Delta(content="".join(pieces))] if pieces else []
-        return [self._start(name, "".join(pieces))]
+        start = self._start(name)
+        arguments = "".join(pieces)
+        return [start] + ([Delta(tool_call={"index": len(self._ids) - 1, "function": {"arguments": arguments}})]
+                          if arguments else [])
 
-    def _start(self, name: str, arguments: str) -> Delta:
+    def _start(self, name: str) -> Delta:
+        """A call's first entry (as ToolOutput's: its arguments follow in entries of their own)."""
         self._ids.append(new_call_id())
         index = len(self._ids) - 1
         return Delta(tool_call={"index": index, "id": self._ids[index], "type": "function",
-                                "function": {"name": name, "arguments": arguments}})
+                                "function": {"name": name, "arguments": ""}})
 
 
 def harmony_conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
