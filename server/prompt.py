@@ -114,7 +114,10 @@ class PromptBuilder:
 
     def prompt_ids(self, request: SamplingRequest, plan: ToolPlan | HarmonyPlan | None = None) -> list[int]:
         if isinstance(request, ChatCompletionRequest):
-            return self.chat_ids(request.messages, plan, request.chat_template_kwargs)
+            kwargs = request.chat_template_kwargs
+            if request.reasoning_effort is not None:  # a template variable (GPT-OSS's template reads it)
+                kwargs = {"reasoning_effort": request.reasoning_effort} | (kwargs or {})
+            return self.chat_ids(request.messages, plan, kwargs)
         assert isinstance(request, CompletionRequest)
         return self.completion_ids(request)
 

@@ -226,6 +226,8 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM / llama.cpp: extra template variables
+    # a template variable (GPT-OSS's reads it; chat_template_kwargs' own wins); None: the template's default
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
     prompt_param: ClassVar[str] = "messages"
 

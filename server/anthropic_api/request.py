@@ -8,7 +8,7 @@ string or text blocks), `stop_sequences`, `temperature` (0..1), `top_p`, `top_k`
 tools: `name`, `description`, `input_schema`), `tool_choice` (`auto`, `any`, `tool` with `name`,
 `none`; `disable_parallel_tool_use`), `stream`, `metadata`, `thinking`; our extras `seed`, `min_p`.
 Unknown fields are ignored (Claude Code's `context_management`, `output_config`, `cache_control` on
-blocks). `thinking` is accepted and ignored: the reply has no thinking blocks.
+blocks). `thinking` is accepted and ignored (replies have thinking blocks when the model reasons).
 
 Normalised here, so the prompt of a conversation is the same from turn to turn (the prefix cache):
 - Claude Code's `x-anthropic-billing-header: ...` system block, which changes on every request, is dropped;

@@ -102,6 +102,18 @@ def test_forced_tool_choice_is_a_400_naming_harmony(fake_server, choice: Any) ->
     assert info.value.body["param"] == "tool_choice" and "harmony" in info.value.body["message"]
 
 
+def test_reasoning_effort_reaches_the_template(fake_server) -> None:
+    srv = serve(fake_server)
+    client = oai(srv)
+    client.chat.completions.create(model="fake-model", messages=MESSAGES)
+    assert "Reasoning: medium" in last_prompt(srv)
+    client.chat.completions.create(model="fake-model", messages=MESSAGES, reasoning_effort="high")
+    assert "Reasoning: high" in last_prompt(srv)
+    client.chat.completions.create(model="fake-model", messages=MESSAGES, reasoning_effort="high",
+                                   extra_body={"chat_template_kwargs": {"reasoning_effort": "low"}})
+    assert "Reasoning: low" in last_prompt(srv)
+
+
 def test_tool_choice_none_renders_no_tools(fake_server) -> None:
     srv = serve(fake_server)
     message = oai(srv).chat.completions.create(model="fake-model", messages=MESSAGES, tools=TOOLS,
