@@ -8,7 +8,7 @@ stop tokens, so the engine leaves them out of the text):
     <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}
 
 A header names its channel after `<|channel|>` and may name a recipient, `to=NAME`, before or after
-the channel. A message's body is:
+the channel. A `<|channel|>` inside a body also ends it (a model that left out `<|end|><|start|>`). A message's body is:
 - analysis: reasoning;
 - commentary to `functions.NAME`: a call of NAME, the body its JSON arguments;
 - final, commentary without a recipient (a preamble), any other channel or recipient: content.
@@ -39,7 +39,8 @@ CONSTRAIN = "<|constrain|>"
 RETURN = "<|return|>"
 CALL = "<|call|>"
 MARKERS = (START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL)  # kept in the decoded text
-BODY_ENDS = (END, RETURN, CALL, START)  # a body ends at the first of these
+# a body ends at the first of these; a header's start (a model that left out `<|end|><|start|>`) stays
+BODY_ENDS = (END, RETURN, CALL, START, CHANNEL)
 FUNCTIONS = "functions."  # the namespace the template renders a request's tools in
 WHITESPACE = " \t\r\n"
 SEPARATOR = "\n\n"  # between two messages of one kind
@@ -168,7 +169,7 @@ class HarmonyReader:
             index, marker = min(ends)
             self._text(buffer[:index])
             self._state = State.BETWEEN
-            return buffer[index + (0 if marker == START else len(marker)):]
+            return buffer[index + (0 if marker in (START, CHANNEL) else len(marker)):]
         cut = len(buffer) - _held_len(buffer)
         self._text(buffer[:cut])
         self._held = buffer[cut:]

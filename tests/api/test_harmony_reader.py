@@ -60,6 +60,8 @@ def test_every_split_reads_as_the_whole(text: str, expected: list) -> None:
     ("<|channel|>commentary to=browser.search<|message|>q", [("content", "q")]),
     ("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b",
      [("reasoning", "a\n\nb")]),
+    ("<|channel|>analysis<|message|>a<|channel|>final<|message|>b", [("reasoning", "a"), ("content", "b")]),
+    ("<|channel|>analysis<|message|>a<|end|><|channel|>final<|message|>b", [("reasoning", "a"), ("content", "b")]),
     ("", []),
     ("  ", [("content", "  ")]),
 ])
