@@ -29,7 +29,8 @@ class ServerConfig:
     chat_template: str | None = None  # Jinja file overriding the tokenizer's chat_template
     tool_parser: str = "auto"  # tool-call format; auto: from the chat template; none: no tool calls
     # auto: a chat reply's leading <think> block is reasoning (reasoning_content / thinking), when the
-    # chat template or tokenizer has the tags (server/reasoning.py); none: all of it is content
+    # chat template or tokenizer has the tags (server/reasoning.py), and a harmony model's analysis channel
+    # (server/harmony.py); none: all of it is content (harmony markup still hidden)
     reasoning_format: str = "auto"
     webui: bool = True  # the chat page at / (server/webui/); off: / answers plain text
     # model ids over HTTP, all accepted, the first listed first by /v1/models (and echoed when a

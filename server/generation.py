@@ -29,6 +29,7 @@ from engine.types import (
 )
 from server.detok import TextStream
 from server.errors import engine_down, generation_error, queue_full, shutting_down
+from server.harmony_output import HarmonyOutput
 from server.json_pieces import dumps_in_pieces
 from server.logprobs import LogprobFormat
 from server.metrics import Metrics
@@ -49,10 +50,13 @@ class GenerationFailed(RuntimeError):
 
 class Generation:
     def __init__(self, async_engine: AsyncEngine, request: Request, text: TextStream, metrics: Metrics,
-                 endpoint: str, *, logprobs: LogprobFormat | None = None, tools: ToolOutput | None = None,
+                 endpoint: str, *, logprobs: LogprobFormat | None = None,
+                 tools: ToolOutput | HarmonyOutput | None = None,
                  reasoning: ReasoningSplitter | None = None, trace: StepTrace | None = None):
         self.request = request
-        self.tools = tools  # None: plain text; else reads tool calls out of the text (server/toolcalls/)
+        # None: plain text; else reads tool calls out of the text (server/toolcalls/), or a harmony model's
+        # channels: reasoning, content and calls (server/harmony_output.py)
+        self.tools = tools
         self.reasoning = reasoning  # None: no reasoning block to read apart; else server/reasoning.py
         self.trace = trace  # None: not asked for; else the speculation trace (server/trace.py)
         self.text = text
@@ -83,10 +87,14 @@ class Generation:
     def finish_deltas(self, finish_reason: str | None = None) -> list[Delta]:
         """The deltas held back until the end (`finish_reason` "length": tool-call markup cut off is dropped)."""
         out = [] if self.reasoning is None else self._part_deltas(self.reasoning.finish())
+        if isinstance(self.tools, HarmonyOutput):  # a call cut off is told apart by the finish reason
+            return out + self.tools.finish(finish_reason or self.finish_reason)
         return out + ([] if self.tools is None else self.tools.finish(finish_reason))
 
     def message(self, text: str) -> tuple[str | None, str | None, list[dict[str, Any]] | None]:
         """The whole text: (reasoning, None without a block; content; tool calls)."""
+        if isinstance(self.tools, HarmonyOutput):
+            return self.tools.whole(text, self.finish_reason)
         reasoning = None
         if self.reasoning is not None:
             reasoning, text = self.reasoning.split(text)

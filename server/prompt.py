@@ -12,6 +12,8 @@ import jinja2
 from engine.types import ContextLengthError
 from server.errors import APIError, context_length_error, invalid_request, unsupported
 from server.fim import FimFormat
+from server.harmony import speaks_harmony
+from server.harmony_output import HarmonyPlan, harmony_conversation, harmony_drop_ids, plan_harmony
 from server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -61,28 +63,42 @@ class PromptBuilder:
         if not self.chat_template:
             log.warning("the tokenizer has no chat_template and none was given: using a plain fallback")
             self.chat_template = FALLBACK_CHAT_TEMPLATE
+        # GPT-OSS's harmony channels: reasoning, content and tool calls (server/harmony.py); None: not harmony
+        self.harmony_drop_ids = (harmony_drop_ids(tokenizer) if speaks_harmony(self.chat_template, tokenizer)
+                                 else None)
+        self._tools_on = tool_parser != "none"
+        self._harmony_reasoning = reasoning_format == "auto"
         self.tools = ToolSupport.detect(tokenizer, self.chat_template, tool_parser)
-        log.info("chat template: %s", self.tools.describe())
+        log.info("chat template: %s", "harmony channels (GPT-OSS): reasoning, content and tool calls"
+                 if self.harmony_drop_ids is not None else self.tools.describe())
         # <think> blocks read apart from the answer (server/reasoning.py)
-        self.reasoning = reasoning_format == "auto" and has_think_tags(self.chat_template, tokenizer)
+        self.reasoning = (reasoning_format == "auto" and self.harmony_drop_ids is None
+                          and has_think_tags(self.chat_template, tokenizer))
         log.info("reasoning: %s", "<think> blocks apart" if self.reasoning else "none")
         self.fim = FimFormat.detect(tokenizer)  # None: no fill-in-the-middle tokens (server/fim.py)
         log.info("fill-in-the-middle: %s", f"{self.fim.name}, {self.fim.order}" if self.fim is not None else "none")
 
-    def tool_plan(self, request: SamplingRequest) -> ToolPlan | None:
+    def tool_plan(self, request: SamplingRequest) -> ToolPlan | HarmonyPlan | None:
         """How a chat request's tools are served (None: plain text); a 400 for a tool_choice the
-        model cannot honour."""
-        return plan_tools(self.tools, request) if isinstance(request, ChatCompletionRequest) else None
+        model cannot honour. A harmony model's chat requests all have a HarmonyPlan (its output is read)."""
+        if not isinstance(request, ChatCompletionRequest):
+            return None
+        if self.harmony_drop_ids is not None:
+            return plan_harmony(request, self.harmony_drop_ids, tools_on=self._tools_on,
+                                reasoning=self._harmony_reasoning)
+        return plan_tools(self.tools, request)
 
-    def render_chat(self, messages: list[ChatMessage], plan: ToolPlan | None = None,
+    def render_chat(self, messages: list[ChatMessage], plan: ToolPlan | HarmonyPlan | None = None,
                     template_kwargs: dict[str, Any] | None = None) -> str:
         """The prompt text; with a tool plan, the tools rendered; `template_kwargs`: a request's
         `chat_template_kwargs`, extra template variables (such as `enable_thinking`)."""
-        tools = {"tools": plan.tools} if plan is not None else {}
+        tools = {"tools": plan.tools} if plan is not None and plan.tools is not None else {}
         extra = check_template_kwargs(template_kwargs)
+        turns = (harmony_conversation(messages) if self.harmony_drop_ids is not None
+                 else with_reasoning(conversation(messages, self.tools.format), messages))
         try:
             text = self.tokenizer.apply_chat_template(
-                with_reasoning(conversation(messages, self.tools.format), messages), chat_template=self.chat_template,
+                turns, chat_template=self.chat_template,
                 add_generation_prompt=True, tokenize=False, **extra, **tools,
             )
         except jinja2.TemplateError as exc:
@@ -96,13 +112,16 @@ class PromptBuilder:
             return None
         return ReasoningSplitter(inside=prompt_opens_reasoning(self.tokenizer.decode(prompt_ids[-REASONING_TAIL:])))
 
-    def prompt_ids(self, request: SamplingRequest, plan: ToolPlan | None = None) -> list[int]:
+    def prompt_ids(self, request: SamplingRequest, plan: ToolPlan | HarmonyPlan | None = None) -> list[int]:
         if isinstance(request, ChatCompletionRequest):
-            return self.chat_ids(request.messages, plan, request.chat_template_kwargs)
+            kwargs = request.chat_template_kwargs
+            if request.reasoning_effort is not None:  # a template variable (GPT-OSS's template reads it)
+                kwargs = {"reasoning_effort": request.reasoning_effort} | (kwargs or {})
+            return self.chat_ids(request.messages, plan, kwargs)
         assert isinstance(request, CompletionRequest)
         return self.completion_ids(request)
 
-    def chat_ids(self, messages: list[ChatMessage], plan: ToolPlan | None = None,
+    def chat_ids(self, messages: list[ChatMessage], plan: ToolPlan | HarmonyPlan | None = None,
                  template_kwargs: dict[str, Any] | None = None) -> list[int]:
         self.check_num_chars(chat_chars(messages, plan), "messages")  # before the template renders it all
         text = self.render_chat(messages, plan, template_kwargs)
@@ -190,7 +209,7 @@ class PromptBuilder:
         return budget
 
 
-def chat_chars(messages: list[ChatMessage], plan: ToolPlan | None) -> int:
+def chat_chars(messages: list[ChatMessage], plan: ToolPlan | HarmonyPlan | None) -> int:
     """The characters a chat request brings to its prompt: contents, names, past tool calls and their
     ids, and the tool definitions rendered (as JSON); the template adds its own text around them."""
     total = 0
@@ -201,7 +220,7 @@ def chat_chars(messages: list[ChatMessage], plan: ToolPlan | None) -> int:
             arguments = call.function.arguments
             total += len(call.id or "") + len(call.function.name)
             total += len(arguments) if isinstance(arguments, str) else len(json.dumps(arguments))
-    return total + (len(json.dumps(plan.tools)) if plan is not None else 0)
+    return total + (len(json.dumps(plan.tools)) if plan is not None and plan.tools is not None else 0)
 
 
 def with_reasoning(entries: list[dict[str, Any]], messages: list[ChatMessage]) -> list[dict[str, Any]]:

@@ -66,7 +66,7 @@ class ChatMessage(_Model):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
     tool_call_id: str | None = None  # tool: the call this message answers
-    reasoning_content: str | None = None  # assistant: its reasoning, for templates that render it (Qwen3's)
+    reasoning_content: str | None = None  # assistant: its reasoning, for templates that render it (Qwen3's; harmony templates read it as `thinking`: server/harmony_output.py)
 
 
 class FunctionDefinition(_Model):
@@ -226,6 +226,8 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM / llama.cpp: extra template variables
+    # a template variable (GPT-OSS's reads it; chat_template_kwargs' own wins); None: the template's default
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
     prompt_param: ClassVar[str] = "messages"
 

@@ -51,7 +51,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--reasoning-format", default=None, choices=REASONING_FORMATS,
                        help="auto (default): a chat reply's leading <think>...</think> block is returned apart "
                             "(reasoning_content, Anthropic thinking, Ollama thinking) when the chat template has "
-                            "the tags; none: all of the output is content")
+                            "the tags, and GPT-OSS's analysis channel; none: all of the output is content (GPT-OSS: "
+                            "analysis then answer, channel markup hidden)")
     group.add_argument("--served-model-name", default=None, nargs="+", metavar="NAME",
                        help="model ids accepted in requests (space- or comma-separated); the first is listed "
                             "first by /v1/models (default: the model name)")

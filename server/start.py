@@ -13,6 +13,7 @@ from server.choices import choice_request_id, start_choices
 from server.detok import TextStream
 from server.errors import invalid_request
 from server.generation import Generation
+from server.harmony_output import HarmonyPlan
 from server.logprobs import LogprobFormat, TokenTexts
 from server.preparation import Lane, PreparationTimeout
 from server.protocol import SamplingRequest
@@ -35,7 +36,7 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
     # a logit_bias of 262k entries takes a while to check: in the lane too
     params = await lane.run(req.with_defaults(state.sampling_defaults).to_sampling_params, max_tokens,
                             prompt.vocab_size)
-    if plan is not None:  # the calls' grammar (with "auto", it holds the reply's response_format too)
+    if plan is not None and plan.grammar is not None:  # the calls' grammar (with "auto", the reply's response_format too)
         params = dataclasses.replace(params, structured_output=plan.grammar)
     if params.structured_output is not None:  # --json-whitespace
         params = dataclasses.replace(params, structured_output=dataclasses.replace(
@@ -63,13 +64,13 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
     return start_choices(req.n or 1, params, start), env
 
 
-async def check_structured_output(state: ServerState, req: SamplingRequest, plan: ToolPlan | None = None,
+async def check_structured_output(state: ServerState, req: SamplingRequest, plan: ToolPlan | HarmonyPlan | None = None,
                                   spec: StructuredOutput | None = None) -> None:
     """Compile the request's grammar (cached for the engine) in a grammar lane (server/preparation.py);
     one the engine cannot compile, or not within --grammar-timeout, is a 400 naming the field that asked
     for it (`tools` for the calls' grammar). `spec`: the instance the engine request carries (the engine
     keeps its compiled grammar while that instance lives); default: the request's own."""
-    grammar = ("tools", plan.grammar) if plan is not None else req.structured_output()
+    grammar = ("tools", plan.grammar) if plan is not None and plan.grammar is not None else req.structured_output()
     if grammar is None or state.engine is None:
         return
     param, spec = grammar[0], spec or grammar[1]

@@ -1,13 +1,14 @@
 """A `POST /v1/messages` body -> a chat completion request over the same engine path.
 
 Fields (Anthropic's Messages API): `model`, `max_tokens`, `messages` (user and assistant turns whose
-content is a string or blocks: `text`, `tool_use` (assistant), `tool_result` (user); `thinking` and
-`redacted_thinking` blocks of past turns are skipped; images and documents are 400s), `system` (a
+content is a string or blocks: `text`, `tool_use` (assistant), `tool_result` (user); `thinking` blocks
+of past turns become the turn's `reasoning_content` (only harmony templates read it:
+server/harmony_output.py), `redacted_thinking` blocks are skipped; images and documents are 400s), `system` (a
 string or text blocks), `stop_sequences`, `temperature` (0..1), `top_p`, `top_k`, `tools` (custom
 tools: `name`, `description`, `input_schema`), `tool_choice` (`auto`, `any`, `tool` with `name`,
 `none`; `disable_parallel_tool_use`), `stream`, `metadata`, `thinking`; our extras `seed`, `min_p`.
 Unknown fields are ignored (Claude Code's `context_management`, `output_config`, `cache_control` on
-blocks). `thinking` is accepted and ignored: the reply has no thinking blocks.
+blocks). `thinking` is accepted and ignored (replies have thinking blocks when the model reasons).
 
 Normalised here, so the prompt of a conversation is the same from turn to turn (the prefix cache):
 - Claude Code's `x-anthropic-billing-header: ...` system block, which changes on every request, is dropped;
@@ -208,17 +209,22 @@ def _tool_result(block: Block, param: str) -> Message:
 def _assistant_turn(blocks: list[Block], param: str) -> Message:
     parts: list[Block] = []
     calls: list[dict[str, Any]] = []
+    thinking: list[str] = []
     for j, block in enumerate(blocks):
         where = f"{param}.content[{j}]"
         if block["type"] == "text":
             parts.append({"type": "text", "text": _text(block, where)})
         elif block["type"] == "tool_use":
             calls.append(_tool_use(block, where))
+        elif block["type"] == "thinking" and isinstance(block.get("thinking"), str):
+            thinking.append(block["thinking"])
         elif block["type"] not in SKIPPED_BLOCKS:
             raise _not_supported(block, where)
     message: Message = {"role": "assistant", "content": parts or None}
     if calls:
         message["tool_calls"] = calls
+    if thinking:
+        message["reasoning_content"] = "\n\n".join(thinking)
     return message
 
 

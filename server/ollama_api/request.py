@@ -2,7 +2,7 @@
 
 - `/api/chat`: `messages` (`role` system / user / assistant / tool, `content`, `tool_calls` with
   `function.arguments` an object, `tool_name` and `tool_call_id` on tool results; an assistant's
-  `thinking` as its `reasoning_content`, for templates that render it), `tools` (function tools, as
+  `thinking` as its `reasoning_content`, for templates that render it; harmony templates as `thinking`: server/harmony_output.py), `tools` (function tools, as
   OpenAI's), `format`, `options`: a chat completion request.
 - `think` (chat, and generate through the template): `true`, or a level `"low"` / `"medium"` / `"high"`
   (GPT-OSS), asks the template to think (`enable_thinking: true`; a level also as `reasoning_effort`)

@@ -1,0 +1,167 @@
+"""A harmony model's chat requests (GPT-OSS): the plan, the reader of a choice's output, past turns.
+
+`plan_harmony` gives every chat request of a harmony model a `HarmonyPlan` (server/harmony.py reads its
+output): the request's tools, rendered by the model's own template in its `namespace functions` form,
+no grammar (the calls grammar, server/toolcalls/grammar.py, writes other formats, so `tool_choice`
+"required" or a named function is a 400 naming `tool_choice`), and the special ids to drop while the
+harmony markers stay in the decoded text.
+
+`HarmonyOutput` stands where a `ToolOutput` (server/toolcalls/output.py) stands in a Generation:
+`feed` / `finish` give `Delta`s, reasoning among them (analysis channel), `finish_reason` is
+"tool_calls" after a call, and `whole` gives a reply's (reasoning, content, tool calls). Streamed
+(`eager`), a call's arguments go out as they come; whole, a call is sent once its message ended, and a
+call cut off by max_tokens (finish reason "length") is content instead (its arguments text, never a
+call with broken JSON). Without tools in the request, a call's arguments are content.
+
+`harmony_conversation`: the messages as GPT-OSS's template reads them: an assistant turn's reasoning
+(`reasoning_content`; Anthropic thinking blocks, Ollama `thinking`) as `thinking`; with tool calls,
+the template takes thinking or content, not both, so the content is left out then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from server.errors import unsupported
+from server.harmony import MARKERS, HarmonyReader
+from server.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from server.toolcalls.detect import special_ids
+from server.toolcalls.output import Delta, new_call_id
+from server.toolcalls.render import conversation, tool_schemas
+
+
+@dataclass(frozen=True)
+class HarmonyPlan:
+    tools: list[dict[str, Any]] | None  # as the chat template reads them; None: none rendered
+    max_calls: int | None  # parallel_tool_calls false: the first call only
+    drop_ids: frozenset[int]  # for the TextStream (server/detok.py): the special ids but the markers
+    reasoning: bool  # False (--reasoning-format none): analysis is content
+    grammar: None = None  # the calls follow no grammar (server/start.py)
+
+    def output(self, eager: bool) -> HarmonyOutput:
+        """A reader of one choice's output (eager: streamed)."""
+        return HarmonyOutput(calls=self.tools is not None, eager=eager, max_calls=self.max_calls,
+                             reasoning=self.reasoning)
+
+
+def harmony_drop_ids(tokenizer: Any) -> frozenset[int]:
+    """Every special id but the harmony markers' (decoding then keeps the markers as text)."""
+    added = tokenizer.get_added_vocab()
+    return frozenset(special_ids(tokenizer) - {added[m] for m in MARKERS if m in added})
+
+
+def plan_harmony(request: ChatCompletionRequest, drop_ids: frozenset[int], *, tools_on: bool,
+                 reasoning: bool) -> HarmonyPlan:
+    """`tools_on`: False with --tool-parser none (tools are then not rendered)."""
+    choice = request.tool_choice
+    if request.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
+        wanted = "a tool call" if choice == "required" else f"a call of '{choice.function.name}'"
+        raise unsupported("tool_choice", f"tool_choice asks for {wanted}, but this model (GPT-OSS) writes its calls "
+                          "in harmony channels ('<|channel|>commentary to=functions.NAME'), which the tool-call "
+                          "grammar cannot force. Use tool_choice 'auto' (the model decides) or 'none'.")
+    rendered = tools_on and bool(request.tools) and choice != "none"
+    return HarmonyPlan(tool_schemas(request.tools) if rendered and request.tools else None,
+                       1 if request.parallel_tool_calls is False else None, drop_ids, reasoning)
+
+
+class HarmonyOutput:
+    def __init__(self, *, calls: bool, eager: bool, max_calls: int | None = None, reasoning: bool = True):
+        self._reader = HarmonyReader(reasoning=reasoning)
+        self._calls = calls  # False: no tools in the request; a call's arguments are content
+        self._eager = eager
+        self._max_calls = max_calls
+        self._ids: list[str] = []  # id of call i
+        self._num_started = 0  # calls the model began (max_calls counts these)
+        self._pending: tuple[str, list[str]] | None = None  # not eager: the open call's name and arguments
+
+    @property
+    def num_calls(self) -> int:
+        return len(self._ids)
+
+    def feed(self, text: str) -> list[Delta]:
+        out: list[Delta] = []
+        for kind, value in self._reader.feed(text):
+            out += self._event(kind, value)
+        return out
+
+    def finish(self, finish_reason: str | None = None) -> list[Delta]:
+        """The deltas left at the end of the output (`finish_reason` "length": it was cut off)."""
+        out: list[Delta] = []
+        for kind, value in self._reader.finish():
+            out += self._event(kind, value)
+        return out + self._settle(cut_off=finish_reason == "length")
+
+    def finish_reason(self, reason: str) -> str:
+        return "tool_calls" if self.num_calls and reason == "stop" else reason
+
+    def whole(self, text: str, finish_reason: str | None) -> tuple[str | None, str | None, list[dict[str, Any]] | None]:
+        """The whole output: (reasoning, None without an analysis message; content, None when only calls
+        were made; tool calls, None without any)."""
+        reasoning: list[str] = []
+        content: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for delta in self.feed(text) + self.finish(finish_reason):
+            if delta.reasoning is not None:
+                reasoning.append(delta.reasoning)
+            elif delta.content is not None:
+                content.append(delta.content)
+            elif delta.tool_call is not None and "id" in delta.tool_call:
+                calls.append({"id": delta.tool_call["id"], "type": "function",
+                              "function": dict(delta.tool_call["function"])})
+            elif delta.tool_call is not None:
+                calls[delta.tool_call["index"]]["function"]["arguments"] += delta.tool_call["function"]["arguments"]
+        text_out = "".join(content)
+        return ("".join(reasoning) if reasoning else None), ((text_out or None) if calls else text_out), calls or None
+
+    def _event(self, kind: str, value: str) -> list[Delta]:
+        if kind == "call":
+            out = self._settle(cut_off=False)  # a new message: the one before ended
+            self._num_started += 1
+            if self._calls and (self._max_calls is None or self._num_started <= self._max_calls):
+                if self._eager:
+                    return out + [self._start(value)]
+                self._pending = (value, [])
+            return out
+        if kind == "args":
+            if not self._calls:
+                return [Delta(content=value)]
+            if self._pending is not None:
+                self._pending[1].append(value)
+                return []
+            if self._eager and self._num_started == len(self._ids):  # the open call is sent
+                return [Delta(tool_call={"index": len(self._ids) - 1, "function": {"arguments": value}})]
+            return []  # a call past max_calls
+        out = self._settle(cut_off=False)
+        return out + [Delta(reasoning=value) if kind == "reasoning" else Delta(content=value)]
+
+    def _settle(self, *, cut_off: bool) -> list[Delta]:
+        """Not eager: the open call, whole (its message ended), or its arguments as content (cut off)."""
+        if self._pending is None:
+            return []
+        (name, pieces), self._pending = self._pending, None
+        if cut_off:
+            return [Delta(content="".join(pieces))] if pieces else []
+        start = self._start(name)
+        arguments = "".join(pieces)
+        return [start] + ([Delta(tool_call={"index": len(self._ids) - 1, "function": {"arguments": arguments}})]
+                          if arguments else [])
+
+    def _start(self, name: str) -> Delta:
+        """A call's first entry (as ToolOutput's: its arguments follow in entries of their own)."""
+        self._ids.append(new_call_id())
+        index = len(self._ids) - 1
+        return Delta(tool_call={"index": index, "id": self._ids[index], "type": "function",
+                                "function": {"name": name, "arguments": ""}})
+
+
+def harmony_conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The messages for GPT-OSS's template (transformers' conventions plus `thinking`)."""
+    out = conversation(messages, None)
+    for message, entry in zip(messages, out, strict=True):
+        if message.role != "assistant" or not message.reasoning_content:
+            continue
+        entry["thinking"] = message.reasoning_content
+        if message.tool_calls:
+            entry["content"] = ""  # the template renders the analysis of a call turn from one or the other
+    return out
