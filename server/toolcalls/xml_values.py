@@ -76,15 +76,9 @@ def convert(text: str, vtype: ValueType) -> Any:
             value = parse(word)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
-        if (check is None or check(value)) and _is_json(value):
-            return value
+        if check is None or check(value):
+            try:  # as JSON data: a Python literal may hold tuples (-> lists), sets, bytes, nan (-> text)
+                return json.loads(json.dumps(value, allow_nan=False))
+            except (TypeError, ValueError):
+                continue
     return text
-
-
-def _is_json(value: Any) -> bool:
-    """Whether a parsed value is JSON data (a Python literal may hold tuples, sets, bytes, ...)."""
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return False
-    return True
