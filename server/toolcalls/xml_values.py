@@ -2,7 +2,7 @@
 
 A value is text; the tool's JSON schema for that parameter says what it becomes (as vLLM's
 qwen3_coder parser does): a string stays the text verbatim; integer, number, boolean, object and
-array are read as JSON (Python's `True` / `{'a': 1}` too: the chat templates print past values with
+array (and an untyped enum of non-strings) are read as JSON (Python's `True` / `{'a': 1}` too: the chat templates print past values with
 Jinja's `| string`), else the text stays a string; "null" / "None" is null where the schema allows
 null or the type is not a string. A parameter the schema does not describe is a string.
 """
@@ -28,7 +28,7 @@ KIND_CHECKS = {  # schema type -> does a parsed value have it
 
 @dataclass(frozen=True)
 class ValueType:
-    kind: str  # a JSON-schema type ("string" for anything not typed)
+    kind: str  # a JSON-schema type ("string" for anything not typed; "json": any JSON, an untyped enum's)
     nullable: bool = False  # the schema admits null
     choices: tuple[Any, ...] | None = None  # a string's enum / const values
 
@@ -52,12 +52,13 @@ def value_type(schema: Any) -> ValueType:
         if isinstance(option, dict) and isinstance(option.get("type"), str):
             kinds.append(option["type"])
     kinds = [kind.strip().lower() for kind in kinds]
-    nullable = "null" in kinds
+    listed = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else []
+    if not kinds and any(not isinstance(choice, str) for choice in listed):
+        kinds = ["json"]  # an untyped enum / const of numbers, ...: whatever JSON the text is
+    nullable = "null" in kinds or (None in listed)
     kind = next((k for k in kinds if k != "null"), "null" if nullable else "string")
     kind = "string" if kind in TEXT_TYPES else kind
-    choices = None
-    if kind == "string" and ("enum" in schema or "const" in schema):
-        choices = tuple(schema["enum"]) if isinstance(schema.get("enum"), list) else (schema.get("const"),)
+    choices = tuple(listed) if kind == "string" and listed else None
     return ValueType(kind, nullable, choices)
 
 

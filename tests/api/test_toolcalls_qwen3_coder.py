@@ -107,6 +107,9 @@ def test_value_types_from_schemas() -> None:
     assert value_type({"anyOf": [{"type": "null"}, {"type": "array"}]}) == ValueType("array", nullable=True)
     assert value_type({"type": "string", "enum": ["a"]}) == ValueType("string", choices=("a",))
     assert not value_type({"type": ["string", "null"]}).streams
+    assert value_type({"enum": ["a", "b"]}) == ValueType("string", choices=("a", "b"))
+    assert value_type({"enum": [1, "a", None]}) == ValueType("json", nullable=True)
+    assert convert("1", value_type({"enum": [1, "a"]})) == 1 and convert("a", value_type({"enum": [1, "a"]})) == "a"
     cases = [("Paris", "string", "Paris"), (" 3 ", "integer", 3), ("3.5", "integer", "3.5"), ("-2e3", "number", -2000.0),
              ("true", "boolean", True), ("False", "boolean", False), ("yes", "boolean", "yes"),
              ('{"a": [1, null]}', "object", {"a": [1, None]}), ("{'a': (1, 2)}", "object", {"a": [1, 2]}),

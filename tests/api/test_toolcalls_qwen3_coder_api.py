@@ -117,6 +117,10 @@ def test_past_calls_and_results_are_rendered_as_the_template_prints_them(fake_se
     prompt = last_prompt(srv)
     assert "<|im_start|>assistant\n" + WEATHER + "<|im_end|>" in prompt
     assert "<tool_response>\n21 C, sunny\n</tool_response>" in prompt
+    messages[1]["tool_calls"][0]["function"]["arguments"] = "not json"  # the template needs an object
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(srv).chat.completions.create(**request(messages=messages))
+    assert info.value.body["param"] == "messages[1].tool_calls[0].function.arguments"
 
 
 def test_anthropic_sdk_gets_tool_use_blocks(fake_server) -> None:
