@@ -235,14 +235,15 @@ def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> 
 
 def compact_json_tag(tag: Any) -> Any:
     """A parsed structural tag with each of its JSON schemas (strict, as the tag's own are) as the grammar
-    of compact JSON under that schema: the tag format has no whitespace setting of its own."""
+    of compact JSON under that schema: the tag format has no whitespace setting of its own. A schema in
+    another style (Qwen's `<parameter=k>v</parameter>` XML, style "qwen_xml") is kept as it is."""
     import xgrammar
 
     if isinstance(tag, list):
         return [compact_json_tag(value) for value in tag]
     if not isinstance(tag, dict):
         return tag
-    if tag.get("type") == "json_schema" and "json_schema" in tag:
+    if tag.get("type") == "json_schema" and "json_schema" in tag and tag.get("style", "json") == "json":
         grammar = xgrammar.Grammar.from_json_schema(json.dumps(tag["json_schema"]), any_whitespace=False,
                                                     separators=JSON_SEPARATORS, strict_mode=True)
         return {"type": "grammar", "grammar": str(grammar)}

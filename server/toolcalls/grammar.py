@@ -9,8 +9,8 @@ and has arguments valid under that tool's `parameters` (engine kind `structural_
 - `parallel_tool_calls: false`: at most one call, and the reply ends after it.
 
 The exact text of a call is fixed (`<tool_call>\\n{"name": "f", "arguments": ...}\\n</tool_call>`,
-as the formats' chat templates print past calls); the arguments are compact JSON as those templates
-print them (", " and ": "), or with `--json-whitespace free` have any whitespace (at most
+as the formats' chat templates print past calls; qwen3_coder's XML calls: see `_qwen3_coder`); the
+arguments are compact JSON as those templates print them (", " and ": "), or with `--json-whitespace free` have any whitespace (at most
 MAX_JSON_WHITESPACE characters per gap: the engine applies the request's StructuredOutput.json_whitespace),
 their properties come in the schema's order and none beyond those it names. The formats are those of server/toolcalls/parsers.py, which reads the
 output back.
@@ -36,17 +36,20 @@ def tool_call_grammar(fmt_name: str, tools: list[tuple[str, dict[str, Any] | Non
     (one, for a named tool_choice); `forced`: calls only; `single`: at most one call; `text`: the
     format a reply that is not a call must follow (None: any text); `special_tokens`: markers that
     are special tokens of the tokenizer; `named_args`: Mistral's `[TOOL_CALLS]f[ARGS]{...}` form."""
-    builder = {"hermes": _hermes, "llama3_json": _llama, "mistral": _mistral_named if named_args else _mistral}
+    builder = {"hermes": _hermes, "llama3_json": _llama, "mistral": _mistral_named if named_args else _mistral,
+               "qwen3_coder": _qwen3_coder}
     fmt = builder[fmt_name](tools, forced, single, text)
     return StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}),
                             special_tokens=special_tokens)
 
 
-def arguments(schema: dict[str, Any] | None) -> Format:
+def arguments(schema: dict[str, Any] | None, style: str = "json") -> Format:
     """A call's arguments: a JSON object under `schema` (None or {}: any object; a schema that names no
-    type is read as an object's, since arguments are always one)."""
+    type is read as an object's, since arguments are always one); style "qwen_xml": the object as Qwen's
+    `<parameter=k>value</parameter>`s, each value a string's text or JSON of the property's type."""
     schema = {"type": "object"} | (schema or {}) if not schema or "type" not in schema else schema
-    return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    out = {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    return out if style == "json" else out | {"style": style}
 
 
 def text_format(kind: str, spec: str) -> Format:
@@ -123,3 +126,19 @@ def _mistral_named(tools: list, forced: bool, single: bool, text: Format | None)
         return _choice(calls, text)
     return {"type": "triggered_tags", "triggers": ["[TOOL_CALLS]"], "tags": tags, "stop_after_first": single,
             "excludes": ["[ARGS]"]}
+
+
+def _qwen3_coder(tools: list, forced: bool, single: bool, text: Format | None) -> Format:
+    """`<tool_call>\n<function=f>\n<parameter=k>\nvalue\n</parameter>\n</function>\n</tool_call>` per call:
+    xgrammar's "qwen_xml" style of the tool's schema (properties in the schema's order, required ones
+    present; a string's value is any text without "</parameter>", other values JSON of their type, with
+    whitespace around them), so what it allows the reader (server/toolcalls/xml_stream.py) types back."""
+    tags = [_tag("<tool_call>\n<function=" + name + ">\n", arguments(schema, "qwen_xml"), "</function>\n</tool_call>")
+            for name, schema in tools]
+    calls = _calls(tags, "\n", forced, single)
+    if forced:
+        return calls
+    if text is not None:
+        return _choice(calls, text)
+    return {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": tags, "stop_after_first": single,
+            "excludes": ["</tool_call>", "<function="]}

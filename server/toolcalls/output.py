@@ -15,6 +15,7 @@ from typing import Any
 
 from server.toolcalls.parsers import ToolFormat
 from server.toolcalls.stream import Event, ToolCallReader
+from server.toolcalls.xml_stream import XmlCallReader
 
 
 def new_call_id() -> str:
@@ -33,8 +34,10 @@ class Delta:
 
 
 class ToolOutput:
-    def __init__(self, fmt: ToolFormat, *, eager: bool, max_calls: int | None = None):
-        self._reader = ToolCallReader(fmt, eager=eager)
+    def __init__(self, fmt: ToolFormat, *, eager: bool, max_calls: int | None = None,
+                 schemas: dict[str, Any] | None = None):
+        """`schemas`: tool name -> its `parameters` (the XML format types its values by them)."""
+        self._reader = XmlCallReader(fmt, eager=eager, schemas=schemas) if fmt.xml else ToolCallReader(fmt, eager=eager)
         self._max_calls = max_calls
         self._ids: list[str] = []  # id of call i
 

@@ -11,6 +11,9 @@ Each call inside a block is a JSON object `{"name": ..., "arguments": {...}}` (L
   {...}}`, optionally after `<|python_tag|>`; several calls are separated by `;`.
 - mistral (Mistral v0.3 / Mixtral 8x22B templates): `[TOOL_CALLS][{"name": "f", "arguments":
   {...}}, ...]`, or `[TOOL_CALLS]f[ARGS]{...}` / `[TOOL_CALLS]f{...}` (v11+ tokenizers).
+- qwen3_coder (Qwen3-Coder, Qwen3.5): no JSON, `<tool_call>\n<function=f>\n<parameter=k>\nvalue\n
+  </parameter>\n</function>\n</tool_call>`, one block per call; values are text, typed by the tool's
+  schema. Its reader is server/toolcalls/xml_stream.py (`xml`), not the JSON one.
 
 The grammar that makes the model write calls in these formats is server/toolcalls/grammar.py.
 """
@@ -31,6 +34,7 @@ class ToolFormat(Protocol):
     named_args: ClassVar[bool]  # `name[ARGS]{...}` or `name{...}` after the marker
     end_marker: ClassVar[str]  # closes a block ("": none)
     separators: ClassVar[str]  # characters between two calls of one block
+    xml: ClassVar[bool]  # calls are Qwen's XML (server/toolcalls/xml_stream.py), not JSON objects
 
 
 class HermesFormat:
@@ -44,6 +48,7 @@ class HermesFormat:
     named_args: ClassVar[bool] = False
     end_marker: ClassVar[str] = "</tool_call>"
     separators: ClassVar[str] = ""
+    xml: ClassVar[bool] = False
 
 
 class Llama3JsonFormat:
@@ -57,6 +62,7 @@ class Llama3JsonFormat:
     named_args: ClassVar[bool] = False
     end_marker: ClassVar[str] = ""
     separators: ClassVar[str] = ";"
+    xml: ClassVar[bool] = False
 
 
 class MistralFormat:
@@ -70,7 +76,23 @@ class MistralFormat:
     named_args: ClassVar[bool] = True
     end_marker: ClassVar[str] = ""
     separators: ClassVar[str] = ""
+    xml: ClassVar[bool] = False
 
 
-FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat())}
+class Qwen3CoderFormat:
+    name: ClassVar[str] = "qwen3_coder"
+    markers: ClassVar[tuple[str, ...]] = ("<tool_call>", "<function=")
+    special_tokens: ClassVar[tuple[str, ...]] = ("<tool_call>", "</tool_call>")
+    grammar_markers: ClassVar[tuple[str, ...]] = ("<tool_call>", "</tool_call>")
+    args_keys: ClassVar[tuple[str, ...]] = ()
+    bare_json: ClassVar[bool] = False
+    array: ClassVar[bool] = False
+    named_args: ClassVar[bool] = False
+    end_marker: ClassVar[str] = "</tool_call>"
+    separators: ClassVar[str] = ""
+    xml: ClassVar[bool] = True
+
+
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat(),
+                                                      Qwen3CoderFormat())}
 ARGS_MARKER = "[ARGS]"  # between name and arguments in Mistral's named form

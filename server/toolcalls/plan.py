@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.types import StructuredOutput
@@ -32,10 +32,11 @@ class ToolPlan:
     grammar: StructuredOutput  # every call the output holds is valid under it
     max_calls: int | None
     drop_ids: frozenset[int] | None  # for the TextStream (server/detok.py)
+    schemas: dict[str, Any] = field(default_factory=dict)  # tool name -> `parameters` (types XML values)
 
     def output(self, eager: bool) -> ToolOutput:
         """A reader of one choice's output (eager: streamed)."""
-        return ToolOutput(self.format, eager=eager, max_calls=self.max_calls)
+        return ToolOutput(self.format, eager=eager, max_calls=self.max_calls, schemas=self.schemas)
 
 
 def plan_tools(support: ToolSupport, request: ChatCompletionRequest) -> ToolPlan | None:
@@ -60,6 +61,7 @@ def plan_tools(support: ToolSupport, request: ChatCompletionRequest) -> ToolPlan
         grammar=grammar,
         max_calls=1 if single else None,
         drop_ids=support.drop_ids,
+        schemas={tool.function.name: tool.function.parameters or {} for tool in request.tools},
     )
 
 

@@ -22,7 +22,14 @@ from server.detok import TextStream
 from server.protocol import ChatCompletionRequest
 from server.toolcalls.detect import ToolSupport
 from server.toolcalls.plan import ToolPlan, plan_tools
-from tests.helpers.tool_models import HERMES_TEMPLATE, LLAMA_TEMPLATE, MISTRAL_TEMPLATE, TOOLS, tool_tokenizer
+from tests.helpers.tool_models import (
+    HERMES_TEMPLATE,
+    LLAMA_TEMPLATE,
+    MISTRAL_TEMPLATE,
+    QWEN3_CODER_TEMPLATE,
+    TOOLS,
+    tool_tokenizer,
+)
 
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 CHOICES: list[Any] = ["auto", "required", {"type": "function", "function": {"name": "get_weather"}}]
@@ -32,8 +39,14 @@ MODELS = {  # name -> (template, special tokens)
     "llama3_json": (LLAMA_TEMPLATE, ("<|python_tag|>",)),
     "mistral": (MISTRAL_TEMPLATE, ("[TOOL_CALLS]",)),
     "mistral-named": (MISTRAL_TEMPLATE, ("[TOOL_CALLS]", "[ARGS]")),
+    "qwen3_coder": (QWEN3_CODER_TEMPLATE, ()),
+    "qwen3_coder-special": (QWEN3_CODER_TEMPLATE, ("<tool_call>", "</tool_call>")),
 }
 MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>")
+XML_MARKERS = ("<function=",)  # opens a call without <tool_call> (the "auto" grammar keeps it out of text)
+# texts a walk sometimes writes whole where the grammar allows them: a free-text XML value ends only at
+# "</parameter>", which random tokens would almost never spell
+CLOSERS = {"qwen3_coder": ("\n</parameter>\n", "</function>\n</tool_call>")}
 NUM_WALKS = 12
 MAX_WALK_TOKENS = 160
 
@@ -48,14 +61,25 @@ def plan_for(model: str, **fields: Any) -> tuple[Any, ToolPlan]:
     return tokenizer, plan
 
 
-def walk(tokenizer: Any, compiled: Any, rng: random.Random, start: str = "") -> tuple[list[int], bool]:
-    """A random path through the grammar after `start`: (token ids without EOS, whether EOS ended it)."""
+def walk(tokenizer: Any, compiled: Any, rng: random.Random, start: str = "",
+         closers: tuple[str, ...] = ()) -> tuple[list[int], bool]:
+    """A random path through the grammar after `start`: (token ids without EOS, whether EOS ended it);
+    now and then one of `closers` is written whole where the grammar takes it."""
     matcher = xgrammar.GrammarMatcher(compiled)
     bits = xgrammar.allocate_token_bitmask(1, len(tokenizer))
     ids: list[int] = tokenizer.encode(start, add_special_tokens=False)
     assert all(matcher.accept_token(token) for token in ids)
     texts = [tokenizer.decode([t]) for t in range(len(tokenizer))]
     while len(ids) < MAX_WALK_TOKENS:
+        if closers and rng.random() < 0.1:
+            closer = tokenizer.encode(rng.choice(closers), add_special_tokens=False)
+            taken = 0
+            while taken < len(closer) and matcher.accept_token(closer[taken]):
+                taken += 1
+            if taken == len(closer):
+                ids += closer
+                continue
+            matcher.rollback(taken)
         matcher.fill_next_token_bitmask(bits)
         words = bits[0].tolist()
         allowed = [t for t in range(len(tokenizer)) if (words[t // 32] >> (t % 32)) & 1]
@@ -96,16 +120,19 @@ def test_what_the_grammar_allows_the_reader_reads_as_valid_calls(model: str, cho
     compiled = GrammarCache(tokenizer, len(tokenizer), [tokenizer.eos_token_id]).compile(plan.grammar)
     rng = random.Random(f"{model}-{choice}-{parallel}")
     num_calls = 0
-    opening = {"hermes": "Sure. <tool_call>", "llama3_json": "{", "mistral": "Sure. [TOOL_CALLS]"}
+    family = model.split("-")[0]
+    opening = {"hermes": "Sure. <tool_call>", "llama3_json": "{", "mistral": "Sure. [TOOL_CALLS]",
+               "qwen3_coder": "Sure. <tool_call>"}
+    markers = MARKERS + (XML_MARKERS if family == "qwen3_coder" else ())
     for i in range(NUM_WALKS):
-        start = opening[model.split("-")[0]] if choice == "auto" and i % 2 else ""  # "auto": half open a call
-        ids, ended = walk(tokenizer, compiled, rng, start)
+        start = opening[family] if choice == "auto" and i % 2 else ""  # "auto": half open a call
+        ids, ended = walk(tokenizer, compiled, rng, start, CLOSERS.get(family, ()))
         if not ended:
             continue  # cut off (a real request: finish_reason "length")
         whole = read(plan, tokenizer, ids, eager=False)
         assert read(plan, tokenizer, ids, eager=True) == whole
         content, calls = whole
-        assert not any(marker in (content or "") for marker in MARKERS), (model, content)
+        assert not any(marker in (content or "") for marker in markers), (model, content)
         if choice != "auto":
             assert calls and content is None
         if isinstance(choice, dict):
@@ -126,7 +153,9 @@ def test_canonical_calls_are_accepted_and_read(model: str) -> None:
     text = {"hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>',
             "llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "c"}}',
             "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]',
-            "mistral-named": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}'}[model.replace("-special", "")]
+            "mistral-named": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}',
+            "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                           "<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>"}[model.replace("-special", "")]
     ids = tokenizer.encode(text, add_special_tokens=False)
     matcher = xgrammar.GrammarMatcher(compiled)
     assert all(matcher.accept_token(token) for token in ids) and matcher.accept_token(tokenizer.eos_token_id)

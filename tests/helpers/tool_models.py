@@ -1,4 +1,4 @@
-"""Tool-capable chat templates in the three families' styles, on the tiny test tokenizer, and a
+"""Tool-capable chat templates in the four families' styles, on the tiny test tokenizer, and a
 FakeEngine that emits a scripted text through such a tokenizer.
 
 The templates are short hand-written versions of the real ones (Qwen2.5's Hermes style,
@@ -11,6 +11,7 @@ Llama 3 (`<|python_tag|>`) and Mistral (`[TOOL_CALLS]`) tokenizers have them.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 from tests.helpers.fake_engine import FakeEngine, tiny_tokenizer
 
@@ -79,6 +80,13 @@ MISTRAL_TEMPLATE = """\
 {%- else %}{{ m.content }}<|end|>
 {%- endif %}
 {%- endfor %}"""
+
+# The real Qwen3-Coder chat template (Qwen/Qwen3-Coder-30B-A3B-Instruct's), as llama.cpp keeps it in
+# models/templates/Qwen3-Coder.jinja (github.com/ggml-org/llama.cpp; this copy was read from the fork
+# wbpxre150/llama.cpp at commit 90dd63ae86bdad1b4bb6de69379956b0ae1189bf), byte for byte. Calls are
+# XML (`<tool_call>\n<function=f>\n<parameter=k>\nv\n</parameter>\n</function>\n</tool_call>`), past
+# calls print `tool_call.arguments|items`, each non-string value through `| string`.
+QWEN3_CODER_TEMPLATE = (Path(__file__).parent / "templates" / "Qwen3-Coder.jinja").read_text()
 
 TOOLS = [
     {"type": "function", "function": {
