@@ -81,13 +81,7 @@ def _name(name: str) -> str:
 def _hermes(tools: list, forced: bool, single: bool, text: Format | None) -> Format:
     tags = [_tag('<tool_call>\n{"name": ' + _name(name) + ', "arguments": ', arguments(schema), "}\n</tool_call>")
             for name, schema in tools]
-    calls = _calls(tags, "\n", forced, single)
-    if forced:
-        return calls
-    if text is not None:
-        return _choice(calls, text)
-    return {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": tags, "stop_after_first": single,
-            "excludes": ["</tool_call>"]}
+    return _tagged_calls(tags, "\n", forced, single, text, "<tool_call>", ["</tool_call>"])
 
 
 def _llama(tools: list, forced: bool, single: bool, text: Format | None) -> Format:
@@ -119,13 +113,7 @@ def _mistral(tools: list, forced: bool, single: bool, text: Format | None) -> Fo
 def _mistral_named(tools: list, forced: bool, single: bool, text: Format | None) -> Format:
     """`[TOOL_CALLS]f[ARGS]{...}` per call (tokenizers with an [ARGS] token)."""
     tags = [_tag("[TOOL_CALLS]" + name + "[ARGS]", arguments(schema), "") for name, schema in tools]
-    calls = _calls(tags, "", forced, single)
-    if forced:
-        return calls
-    if text is not None:
-        return _choice(calls, text)
-    return {"type": "triggered_tags", "triggers": ["[TOOL_CALLS]"], "tags": tags, "stop_after_first": single,
-            "excludes": ["[ARGS]"]}
+    return _tagged_calls(tags, "", forced, single, text, "[TOOL_CALLS]", ["[ARGS]"])
 
 
 def _qwen3_coder(tools: list, forced: bool, single: bool, text: Format | None) -> Format:
@@ -135,10 +123,17 @@ def _qwen3_coder(tools: list, forced: bool, single: bool, text: Format | None) -
     whitespace around them), so what it allows the reader (server/toolcalls/xml_stream.py) types back."""
     tags = [_tag("<tool_call>\n<function=" + name + ">\n", arguments(schema, "qwen_xml"), "</function>\n</tool_call>")
             for name, schema in tools]
-    calls = _calls(tags, "\n", forced, single)
+    return _tagged_calls(tags, "\n", forced, single, text, "<tool_call>", ["</tool_call>", "<function="])
+
+
+def _tagged_calls(tags: list[Format], separator: str, forced: bool, single: bool, text: Format | None,
+                  trigger: str, excludes: list[str]) -> Format:
+    """Calls each opened by `trigger`: forced, the calls alone; with a `text` format, text or calls;
+    else free text in which `trigger` starts a call (and `excludes` never appear outside one)."""
+    calls = _calls(tags, separator, forced, single)
     if forced:
         return calls
     if text is not None:
         return _choice(calls, text)
-    return {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": tags, "stop_after_first": single,
-            "excludes": ["</tool_call>", "<function="]}
+    return {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": single,
+            "excludes": excludes}

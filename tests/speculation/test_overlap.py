@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from bench.overlap import slow_passes
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.runtime import Engine
 from engine.speculation.drafter import Drafter, GrowLimits
@@ -58,16 +59,9 @@ def load(pair, overlap: bool, mode: str = "resident", budget: int = 16) -> Engin
 
 def slow_target(engine: Engine, monkeypatch, seconds: float = 0.05) -> None:
     """Every target pass takes at least `seconds` (a streamed pass's copy time), so the draft has time
-    to grow the trees on."""
-    forward_groups = engine.pair.target.forward_groups
-
-    def slow(groups):
-        begin = time.perf_counter()
-        out = forward_groups(groups)
-        time.sleep(max(0.0, seconds - (time.perf_counter() - begin)))
-        return out
-
-    monkeypatch.setattr(engine.pair.target, "forward_groups", slow)
+    to grow the trees on (bench overlap's --slow-pass-ms)."""
+    monkeypatch.setattr(engine.pair.target, "forward_groups", engine.pair.target.forward_groups)  # restored after
+    slow_passes(engine, seconds)
 
 
 def run_together(engine: Engine, requests: list[Request]) -> dict[str, list[int]]:
