@@ -196,11 +196,14 @@ def test_ollama_thinking_content_and_tool_calls(fake_server) -> None:
     assert "<|start|>assistant<|channel|>final<|message|>4.<|end|>" in last_prompt(srv)  # past CoT dropped
 
 
-def test_responses_output_text_and_function_call(fake_server) -> None:
+def test_responses_reasoning_output_text_and_function_call(fake_server) -> None:
     srv = serve(fake_server)
     client = oai(srv)
     response = client.responses.create(model="fake-model", input="What is 2 + 2?")
     assert response.output_text == "The answer is 4."
+    reasoning = [item for item in response.output if item.type == "reasoning"]  # the analysis, its own item
+    assert [part.text for item in reasoning for part in item.content] == ["We need to add 2 and 2."]
+    assert response.output.index(reasoning[0]) == 0
     srv.engine.script_ids = srv.engine.tokenizer.encode(CALL, add_special_tokens=False)
     tools = [{"type": "function", **tool["function"]} for tool in TOOLS]
     for response in (client.responses.create(model="fake-model", input="Weather?", tools=tools, max_output_tokens=200),
