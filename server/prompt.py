@@ -101,8 +101,12 @@ class PromptBuilder:
                 turns, chat_template=self.chat_template,
                 add_generation_prompt=True, tokenize=False, **extra, **tools,
             )
-        except jinja2.TemplateError as exc:
-            raise invalid_request(f"The chat template rejected the messages: {exc}", "messages") from None
+        except (jinja2.TemplateError, TypeError, ValueError) as exc:
+            # the template's own raise_exception, or its expressions failing on these messages (a string
+            # added to a number, a missing key): the request's messages, so a 400 (as vLLM); logged whole
+            log.info("the chat template failed on a request's messages", exc_info=True)
+            raise invalid_request(f"The chat template failed on the messages: {type(exc).__name__}: {exc}",
+                                  "messages") from None
         return text
 
     def reasoning_splitter(self, request: SamplingRequest, prompt_ids: list[int]) -> ReasoningSplitter | None:
