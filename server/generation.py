@@ -93,15 +93,13 @@ class Generation:
 
     def message(self, text: str) -> tuple[str | None, str | None, list[dict[str, Any]] | None]:
         """The whole text: (reasoning, None without a block; content; tool calls)."""
-        if isinstance(self.tools, HarmonyOutput):
-            return self.tools.whole(text, self.finish_reason)
         reasoning = None
-        if self.reasoning is not None:
+        if self.reasoning is not None:  # never beside a HarmonyOutput, which reads its own reasoning
             reasoning, text = self.reasoning.split(text)
         if self.tools is None:
             return reasoning, text, None
-        content, calls = self.tools.message(text, self.finish_reason)
-        return reasoning, content, calls
+        own, content, calls = self.tools.whole(text, self.finish_reason)
+        return (reasoning if own is None else own), content, calls
 
     def _part_deltas(self, parts: list[tuple[str, str]]) -> list[Delta]:
         out: list[Delta] = []

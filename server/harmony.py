@@ -31,6 +31,8 @@ import re
 from enum import Enum
 from typing import Any
 
+from server.reasoning import names_all
+
 START = "<|start|>"
 END = "<|end|>"
 MESSAGE = "<|message|>"
@@ -52,16 +54,9 @@ _RECIPIENT = re.compile(r"(?:^|\s|>)to=([^\s<]+)")
 
 
 def speaks_harmony(chat_template: Any, tokenizer: Any) -> bool:
-    """Whether the model writes harmony: the chat template (text, or a dict/list of named templates) or
-    the tokenizer's added tokens name both `<|channel|>` and `<|message|>`."""
-    source = chat_template if isinstance(chat_template, str) else str(chat_template or "")
-    if CHANNEL in source and MESSAGE in source:
-        return True
-    try:
-        added = set(tokenizer.get_added_vocab())
-    except Exception:  # a tokenizer without added tokens
-        return False
-    return CHANNEL in added and MESSAGE in added
+    """Whether the model writes harmony: the chat template or the tokenizer's added tokens name both
+    `<|channel|>` and `<|message|>`."""
+    return names_all(chat_template, tokenizer, (CHANNEL, MESSAGE))
 
 
 def header_kind(header: str) -> tuple[str, str]:

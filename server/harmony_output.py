@@ -27,7 +27,7 @@ from server.errors import unsupported
 from server.harmony import MARKERS, HarmonyReader
 from server.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from server.toolcalls.detect import special_ids
-from server.toolcalls.output import Delta, new_call_id
+from server.toolcalls.output import Delta, collect, new_call_id
 from server.toolcalls.render import conversation, tool_schemas
 
 
@@ -98,21 +98,8 @@ class HarmonyOutput:
     def whole(self, text: str, finish_reason: str | None) -> tuple[str | None, str | None, list[dict[str, Any]] | None]:
         """The whole output: (reasoning, None without an analysis message; content, None when only calls
         were made; tool calls, None without any)."""
-        reasoning: list[str] = []
-        content: list[str] = []
-        calls: list[dict[str, Any]] = []
-        for delta in self.feed(text) + self.finish(finish_reason):
-            if delta.reasoning is not None:
-                reasoning.append(delta.reasoning)
-            elif delta.content is not None:
-                content.append(delta.content)
-            elif delta.tool_call is not None and "id" in delta.tool_call:
-                calls.append({"id": delta.tool_call["id"], "type": "function",
-                              "function": dict(delta.tool_call["function"])})
-            elif delta.tool_call is not None:
-                calls[delta.tool_call["index"]]["function"]["arguments"] += delta.tool_call["function"]["arguments"]
-        text_out = "".join(content)
-        return ("".join(reasoning) if reasoning else None), ((text_out or None) if calls else text_out), calls or None
+        reasoning, content, calls = collect(self.feed(text) + self.finish(finish_reason))
+        return reasoning, ((content or None) if calls else content), list(calls.values()) or None
 
     def _event(self, kind: str, value: str) -> list[Delta]:
         if kind == "call":

@@ -25,16 +25,21 @@ Part = tuple[str, str]  # ("reasoning" | "content", text)
 
 
 def has_think_tags(chat_template: Any, tokenizer: Any) -> bool:
-    """Whether the model writes `<think>` blocks: the chat template (text, or a dict/list of named
-    templates) or the tokenizer's added tokens name both tags."""
+    """Whether the model writes `<think>` blocks: the chat template or the tokenizer's added tokens name both tags."""
+    return names_all(chat_template, tokenizer, (OPEN, CLOSE))
+
+
+def names_all(chat_template: Any, tokenizer: Any, tags: tuple[str, ...]) -> bool:
+    """Whether the chat template (text, or a dict/list of named templates), or else the tokenizer's added
+    tokens, name every one of `tags`."""
     source = chat_template if isinstance(chat_template, str) else str(chat_template or "")
-    if OPEN in source and CLOSE in source:
+    if all(tag in source for tag in tags):
         return True
     try:
         added = set(tokenizer.get_added_vocab())
     except Exception:  # a tokenizer without added tokens
         return False
-    return OPEN in added and CLOSE in added
+    return all(tag in added for tag in tags)
 
 
 def prompt_opens_reasoning(prompt_text: str) -> bool:

@@ -25,8 +25,6 @@ SDPA_FLAGS = {
     SDPBackend.CUDNN_ATTENTION: torch._C._get_cudnn_sdp_enabled,
     SDPBackend.OVERRIDEABLE: torch._C._get_overrideable_sdp_enabled,
 }
-# SDPA's kernel choice on a CPU tensor reads the flash and math flags alone (ATen's select_sdp_backend_cpp:
-# flash where it applies, else math)
 NO_CONTEXT = nullcontext()  # reentrant, shared
 
 
@@ -46,7 +44,8 @@ def sdpa_backends(backends: list[SDPBackend], device: torch.device) -> AbstractC
     pass saved), or any pass inside a step that entered the same backends (engine.speculation.batch). On
     CUDA SDPA reads every flag, so outside such a step, under the default flags (every backend enabled),
     sdpa_kernel is entered as before and SDPA picks what it picked."""
-    if device.type == "cpu":
+    if device.type == "cpu":  # SDPA on a CPU tensor reads the flash and math flags alone (ATen's
+        # select_sdp_backend_cpp: flash where it applies, else math)
         if (torch._C._get_flash_sdp_enabled() == (SDPBackend.FLASH_ATTENTION in backends)
                 and torch._C._get_math_sdp_enabled() == (SDPBackend.MATH in backends)):
             return NO_CONTEXT

@@ -169,10 +169,13 @@ def weight_bytes(config: dict, dtype_bytes: int, gptq_kernel: str = "dequantize"
         layers = (layer,) * config["num_hidden_layers"]
     else:
         layers = layer_shapes.layer_bytes(config, dtype_bytes)
-    vocab = config["vocab_size"]
-    tied = config.get("tie_word_embeddings", False)
-    outer = (vocab * hidden * (1 if tied else 2) + hidden) * dtype_bytes
-    return ConfigBytes(layers, outer, largest)
+    return ConfigBytes(layers, outer_bytes(config, dtype_bytes), largest)
+
+
+def outer_bytes(config: dict, dtype_bytes: int) -> int:
+    """Embeddings, final norm and head (one matrix when tied) at the load dtype."""
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    return (vocab * hidden * (1 if config.get("tie_word_embeddings", False) else 2) + hidden) * dtype_bytes
 
 
 def fp8_weight_bytes(config: dict, dtype_bytes: int) -> ConfigBytes:
@@ -191,6 +194,4 @@ def fp8_weight_bytes(config: dict, dtype_bytes: int) -> ConfigBytes:
         layers.append(nbytes + sum(fp8.linear_bytes(k, n, fmt) - k * n * dtype_bytes for k, n in quantized))
         largest = max([largest, *(k * n for k, n in quantized)])
         scratch = max([scratch, *(fp8.scratch_bytes(k, n, fmt, dtype_bytes) for k, n in quantized)])
-    hidden, vocab = config["hidden_size"], config["vocab_size"]
-    outer = (vocab * hidden * (1 if config.get("tie_word_embeddings", False) else 2) + hidden) * dtype_bytes
-    return ConfigBytes(tuple(layers), outer, largest, scratch)
+    return ConfigBytes(tuple(layers), outer_bytes(config, dtype_bytes), largest, scratch)

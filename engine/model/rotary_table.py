@@ -32,6 +32,12 @@ def static_rope(rotary_emb: nn.Module) -> bool:
     return all(kind in STATIC_ROPE_TYPES for kind in kinds)
 
 
+def module_rotary(rotary_emb: nn.Module, like: torch.Tensor, positions: torch.Tensor, key: str | None) -> RotaryPair:
+    """The module's own (cos, sin) of `positions` ([1, rows]) on `like`'s device and dtype: [1, rows, rotary
+    dim] each (`key`: a layer type, for modules with a table per type)."""
+    return rotary_emb(like, positions) if key is None else rotary_emb(like, positions, key)
+
+
 class RotaryTables:
     """(cos, sin) per rotary key (None, or a layer type for Gemma 3's local and global tables) of positions
     [0, num_positions), made by the model's own module on `like`'s device and dtype."""
@@ -42,10 +48,6 @@ class RotaryTables:
         self.num_positions = 0
         self.tables: dict[str | None, RotaryPair] = {}
         self.like: tuple[torch.device, torch.dtype] | None = None
-
-    def compute(self, like: torch.Tensor, positions: torch.Tensor, key: str | None) -> RotaryPair:
-        """The module's own (cos, sin) of `positions` ([1, rows]): [1, rows, rotary dim] each."""
-        return self.rotary_emb(like, positions) if key is None else self.rotary_emb(like, positions, key)
 
     def lookup(self, weight: torch.Tensor, positions: torch.Tensor, bound: int) -> dict[str | None, RotaryPair] | None:
         """Every key's (cos, sin) of `positions` ([rows], each < bound) on the device and in the dtype of
@@ -61,5 +63,5 @@ class RotaryTables:
         """Tables over positions [0, the power of two >= bound, at least MIN_POSITIONS)."""
         num_positions = max(MIN_POSITIONS, 1 << (bound - 1).bit_length())
         positions = torch.arange(num_positions, device=like.device)[None]
-        self.tables = {key: self.compute(like, positions, key) for key in self.keys}
+        self.tables = {key: module_rotary(self.rotary_emb, like, positions, key) for key in self.keys}
         self.num_positions, self.like = num_positions, (like.device, like.dtype)

@@ -30,7 +30,7 @@ from engine.model.hf_attention import GroupInputs, SegmentInputs, engine_attenti
 from engine.model.hybrid_cache import HybridCache
 from engine.model.kv_cache import KVCache
 from engine.model.linear_state import LinearShape
-from engine.model.rotary_table import RotaryTables, static_rope
+from engine.model.rotary_table import RotaryTables, module_rotary, static_rope
 
 # wrappers transformers puts around a decoder layer's forward that do nothing in the engine's pass, skipped
 # (by the wrapper function's own name): gradient checkpointing (training only; 5.24 wraps forward, 5.17
@@ -251,11 +251,7 @@ class DecoderRunner:
             rotary = self.rotary_tables.lookup(weight, positions, bound)
             if rotary is not None:
                 return rotary
-        return {key: self._rotary(weight[:1, None], positions[None], key) for key in self.rotary_key_set}
-
-    def _rotary(self, like: torch.Tensor, positions: torch.Tensor, key: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) of `positions` ([1, rows]) from the model's rotary module: [1, rows, rotary dim] each."""
-        return self.rotary_emb(like, positions) if key is None else self.rotary_emb(like, positions, key)
+        return {key: module_rotary(self.rotary_emb, weight[:1, None], positions[None], key) for key in self.rotary_key_set}
 
     def _logits(self, group: list[Segment], plan: GroupInputs, hidden: torch.Tensor) -> list[torch.Tensor | None]:
         """norm + head (+ the family's logit scaling) over the rows the segments ask for, in one call;

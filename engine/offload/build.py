@@ -15,12 +15,13 @@ from torch import nn
 from engine.config import EngineConfig, OffloadConfig
 from engine.model import gptq
 from engine.model.runner import DecoderRunner
+from engine.multimodal import decoder_prefix
 from engine.offload.device import empty_buffer, padded_bytes, pin_host
 from engine.offload.disk_store import DiskStore
 from engine.offload.layout import LayerBinding, LayerLayout, constant_buffers, layer_tensors, layout_of, views
 from engine.offload.ram_store import RamStore, anonymous_bytes, host_memory_available
 from engine.offload.ring import LayerStreamer
-from engine.offload.safetensors_index import decoder_prefix, read_index
+from engine.offload.safetensors_index import read_index
 from engine.types import ConfigError, OffloadError
 
 __all__ = ["OffloadError", "build_offloaded_runner", "plan_resident", "host_memory_available"]

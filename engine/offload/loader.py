@@ -28,13 +28,13 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from engine.config import EngineConfig
 from engine.model import mxfp4
-from engine.multimodal import checkpoint_names, hf_config
+from engine.multimodal import checkpoint_names, decoder_prefix, hf_config
 from engine.offload.build import open_disk_store, plan_resident
 from engine.offload.disk_store import READ_CHUNK, DiskStore, read_piece
 from engine.offload.layout import LayerBinding, LayerLayout, constant_buffers, layout_of, placeholders
 from engine.offload.ram_store import RamStore
 from engine.offload.ring import LayerStreamer
-from engine.offload.safetensors_index import decoder_prefix, plan_pieces, read_index
+from engine.offload.safetensors_index import plan_pieces, read_index
 from engine.types import CheckpointError
 
 ROTARY_BUFFERS = ("inv_freq", "original_inv_freq")  # rebuilt, not read

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import torch
 
-from engine import multimodal
-
 DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -90,12 +88,6 @@ def read_index(folder: str) -> dict[str, TensorLocation]:
         for name, loc in read_header(path).items():
             index.setdefault(name, loc)
     return index
-
-
-def decoder_prefix(index: dict[str, TensorLocation]) -> str:
-    """Where the decoder layers' tensors live: `model.layers.{i}.`, or under a multimodal checkpoint's
-    language model (engine.multimodal)."""
-    return multimodal.decoder_prefix(index)
 
 
 def _lookup(index: dict[str, TensorLocation], name: str) -> TensorLocation | None:

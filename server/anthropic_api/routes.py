@@ -34,7 +34,6 @@ from server.limits import read_body
 from server.security import require_json
 from server.start import start_generations
 from server.state import ServerState
-from server.toolcalls.output import Delta
 
 log = logging.getLogger("specexec.server")
 
@@ -82,7 +81,7 @@ async def create_message(request: Request) -> Response:
     if texts is None:
         return Response(status_code=499)
     blocks = ContentBlocks()
-    for delta in _deltas(gen, texts[0]) + _finish_deltas(gen):
+    for delta in gen.deltas(texts[0]) + gen.finish_deltas():
         blocks.feed(delta)
     blocks.close()
     body = head.body(blocks.blocks, stop_reason(gen), usage(gen)) | {"timings": gen.timings()}
@@ -103,14 +102,6 @@ async def count_tokens(request: Request) -> dict[str, int]:
     return {"input_tokens": len(prompt_ids)}
 
 
-def _deltas(gen: Generation, text: str) -> list[Delta]:
-    return gen.deltas(text)  # reasoning, content and tool calls
-
-
-def _finish_deltas(gen: Generation) -> list[Delta]:
-    return gen.finish_deltas()
-
-
 def _event(kind: str, fields: dict[str, Any]) -> ServerSentEvent:
     data = json.dumps({"type": kind} | fields, ensure_ascii=False, separators=(",", ":"))
     return ServerSentEvent(data, event=kind, sep="\n")
@@ -125,10 +116,10 @@ async def _events(gen: Generation, head: MessageHead) -> AsyncIterator[ServerSen
     blocks = ContentBlocks()
     try:
         async for piece in gen.pieces():
-            for delta in _deltas(gen, piece):
+            for delta in gen.deltas(piece):
                 for kind, fields in blocks.feed(delta):
                     yield _event(kind, fields)
-        for delta in _finish_deltas(gen):
+        for delta in gen.finish_deltas():
             for kind, fields in blocks.feed(delta):
                 yield _event(kind, fields)
         for kind, fields in blocks.close():

@@ -48,7 +48,7 @@ from server.ollama_api.request import (
 from server.security import require_json
 from server.start import start_generations
 from server.state import ServerState
-from server.toolcalls.output import Delta
+from server.toolcalls.output import Delta, collect
 
 log = logging.getLogger("specexec.server")
 
@@ -178,7 +178,7 @@ async def _generate(request: Request, chat: bool) -> Response:
     texts = await collect_texts(request, gens, gen.request_id)
     if texts is None:
         return Response(status_code=499)
-    thinking, content, calls = _split(_deltas(gen, texts[0]) + _finish_deltas(gen), think)
+    thinking, content, calls = _split(gen.deltas(texts[0]) + gen.finish_deltas(), think)
     return JSONResponse(_head(name) | _payload(chat, content, calls, thinking) | _final(gen, started))
 
 
@@ -201,39 +201,14 @@ def _payload(chat: bool, content: str, calls: list[dict[str, Any]], thinking: st
     return {"message": message}
 
 
-def _deltas(gen: Generation, text: str) -> list[Delta]:
-    return gen.deltas(text)  # reasoning, content and tool calls
-
-
-def _finish_deltas(gen: Generation) -> list[Delta]:
-    return gen.finish_deltas()
-
-
 def _split(deltas: list[Delta], think: bool = True) -> tuple[str, str, list[dict[str, Any]]]:
     """Deltas -> (thinking, "" when not `think`; content; whole tool calls). Read with eager=False, a call's
     entries (its start and its arguments) come in the same batch."""
-    thinking: list[str] = []
-    content: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
-    arguments: dict[int, list[str]] = {}
-    for delta in deltas:
-        if delta.reasoning is not None:
-            if think:
-                thinking.append(delta.reasoning)
-            continue
-        if delta.content is not None:
-            content.append(delta.content)
-            continue
-        assert delta.tool_call is not None
-        entry = delta.tool_call
-        if "id" in entry:
-            calls[entry["index"]] = {"id": entry["id"], "function": {"index": entry["index"],
-                                                                     "name": entry["function"]["name"]}}
-            arguments[entry["index"]] = []
-        arguments[entry["index"]].append(entry["function"]["arguments"])
-    for index, call in calls.items():
-        call["function"]["arguments"] = json.loads("".join(arguments[index]) or "{}")
-    return "".join(thinking), "".join(content), list(calls.values())
+    reasoning, content, calls = collect(deltas)
+    thinking = (reasoning or "") if think else ""
+    return thinking, content, [{"id": call["id"], "function": {"index": index, "name": call["function"]["name"],
+                                                              "arguments": json.loads(call["function"]["arguments"] or "{}")}}
+                               for index, call in calls.items()]
 
 
 def _final(gen: Generation, started: int) -> dict[str, Any]:
@@ -252,10 +227,10 @@ def _line(payload: dict[str, Any]) -> str:
 async def _lines(gen: Generation, name: str, chat: bool, started: int, think: bool) -> AsyncIterator[str]:
     try:
         async for piece in gen.pieces():
-            thinking, content, calls = _split(_deltas(gen, piece), think)
+            thinking, content, calls = _split(gen.deltas(piece), think)
             if thinking or content or calls:
                 yield _line(_head(name) | _payload(chat, content, calls, thinking) | {"done": False})
-        thinking, content, calls = _split(_finish_deltas(gen), think)
+        thinking, content, calls = _split(gen.finish_deltas(), think)
         if thinking or content or calls:
             yield _line(_head(name) | _payload(chat, content, calls, thinking) | {"done": False})
         yield _line(_head(name) | _payload(chat, "", []) | _final(gen, started))

@@ -44,7 +44,6 @@ from server.responses_api.store import (
 )
 from server.start import start_generations
 from server.state import ServerState
-from server.toolcalls.output import Delta
 
 ENDPOINT = "responses"
 
@@ -97,7 +96,7 @@ async def _create(request: Request, state: ServerState) -> Response:
     if texts is None:
         return Response(status_code=499)
     items = OutputItems(custom_names)
-    for delta in _deltas(gen, texts[0]) + _finish_deltas(gen):
+    for delta in gen.deltas(texts[0]) + gen.finish_deltas(gen.finish_reason):
         items.feed(delta)
     incomplete = _incomplete(gen)
     items.close("incomplete" if incomplete else "completed")
@@ -107,13 +106,6 @@ async def _create(request: Request, state: ServerState) -> Response:
     return Response(content, media_type="application/json", headers={"x-request-id": head.id})
 
 
-def _deltas(gen: Generation, text: str) -> list[Delta]:
-    """Reasoning (a leading <think> block: server/reasoning.py), content and tool-call deltas."""
-    return gen.deltas(text)
-
-
-def _finish_deltas(gen: Generation) -> list[Delta]:
-    return gen.finish_deltas(gen.finish_reason)
 
 
 def _incomplete(gen: Generation) -> bool:
@@ -178,10 +170,10 @@ async def _events(gen: Generation, head: ResponseHead, saved: tuple[ResponseStor
     items = OutputItems(custom_names)
     try:
         async for piece in gen.pieces():
-            for delta in _deltas(gen, piece):
+            for delta in gen.deltas(piece):
                 for kind, fields in items.feed(delta):
                     yield event(kind, fields)
-        for delta in _finish_deltas(gen):
+        for delta in gen.finish_deltas(gen.finish_reason):
             for kind, fields in items.feed(delta):
                 yield event(kind, fields)
         incomplete = _incomplete(gen)

@@ -57,20 +57,14 @@ class ToolOutput:
 
     def message(self, text: str, finish_reason: str | None = None) -> tuple[str | None, list[dict[str, Any]] | None]:
         """The whole output: (content, tool_calls); content None when only calls were made."""
-        content: list[str] = []
-        calls: list[dict[str, Any]] = []
-        for delta in self.feed(text) + self.finish(finish_reason):
-            if delta.content is not None:
-                content.append(delta.content)
-            elif delta.tool_call is not None and "id" in delta.tool_call:
-                function = delta.tool_call["function"]
-                calls.append({"id": delta.tool_call["id"], "type": "function",
-                              "function": {"name": function["name"], "arguments": function["arguments"]}})
-            elif delta.tool_call is not None:
-                calls[delta.tool_call["index"]]["function"]["arguments"] += delta.tool_call["function"]["arguments"]
+        _, content, calls = collect(self.feed(text) + self.finish(finish_reason))
         if not calls:
-            return "".join(content), None
-        return ("".join(content) or None), calls
+            return content, None
+        return (content or None), list(calls.values())
+
+    def whole(self, text: str, finish_reason: str | None = None) -> tuple[None, str | None, list[dict[str, Any]] | None]:
+        """`message` as a Generation reads a reply (server/harmony_output.py's HarmonyOutput.whole): no reasoning."""
+        return (None, *self.message(text, finish_reason))
 
     def _deltas(self, events: list[Event]) -> list[Delta]:
         out: list[Delta] = []
@@ -89,3 +83,23 @@ class ToolOutput:
                 entry = {"index": index, "function": {"arguments": event[2]}}
             out.append(Delta(tool_call=entry))
         return out
+
+
+def collect(deltas: list[Delta]) -> tuple[str | None, str, dict[int, dict[str, Any]]]:
+    """Deltas holding each call's entries whole (a whole output, or a batch read with eager=False) ->
+    (reasoning, None without any; content; call index -> its `tool_calls` entry, arguments JSON text)."""
+    reasoning: list[str] = []
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}  # call index -> its entry
+    for delta in deltas:
+        if delta.reasoning is not None:
+            reasoning.append(delta.reasoning)
+        elif delta.content is not None:
+            content.append(delta.content)
+        elif delta.tool_call is not None and "id" in delta.tool_call:
+            function = delta.tool_call["function"]
+            calls[delta.tool_call["index"]] = {"id": delta.tool_call["id"], "type": "function",
+                                               "function": {"name": function["name"], "arguments": function["arguments"]}}
+        elif delta.tool_call is not None:
+            calls[delta.tool_call["index"]]["function"]["arguments"] += delta.tool_call["function"]["arguments"]
+    return ("".join(reasoning) if reasoning else None), "".join(content), calls

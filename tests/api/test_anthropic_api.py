@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.helpers.tool_models import HERMES_TEMPLATE, scripted_engine, tool_tokenizer
+from tests.helpers.tool_models import HERMES_TEMPLATE, last_prompt, scripted_engine, tool_tokenizer
 
 CALL = 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|end|>'
 TOOLS = [{"name": "get_weather", "description": "The weather in a city.",
@@ -27,10 +27,6 @@ def server(fake_server: Callable, script: str, **fields: Any) -> Any:
 
 def client_for(srv: Any) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0, timeout=60)
-
-
-def last_prompt(srv: Any) -> str:
-    return srv.engine.tokenizer.decode(srv.engine.requests[-1].prompt_ids)
 
 
 def test_create_returns_text_usage_and_end_turn(fake_server) -> None:

@@ -16,7 +16,8 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.helpers.harmony_models import ANSWER, CALL, harmony_engine
-from tests.helpers.tool_models import TOOLS
+from tests.helpers.tool_models import TOOLS, last_prompt
+from tests.helpers.tool_models import openai_client as oai
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 MARKUP = ("<|", "analysis", "assistant", "final")  # none of these reaches a client
@@ -26,14 +27,6 @@ ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"][
 
 def serve(fake_server: Callable, script: str = ANSWER, **fields: Any) -> Any:
     return fake_server(harmony_engine(script, tokens_per_step=2), **fields)
-
-
-def oai(srv: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def last_prompt(srv: Any) -> str:
-    return srv.engine.tokenizer.decode(srv.engine.requests[-1].prompt_ids)
 
 
 def streamed(client: openai.OpenAI, **kwargs: Any) -> tuple[Any, str]:

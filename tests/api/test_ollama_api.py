@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.tool_models import HERMES_TEMPLATE, TOOLS, scripted_engine, tool_tokenizer
+from tests.helpers.tool_models import HERMES_TEMPLATE, TOOLS, last_prompt, scripted_engine, tool_tokenizer
 
 CALL = 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|end|>'
 USER = [{"role": "user", "content": "Weather in Paris?"}]
@@ -29,10 +29,6 @@ def post(srv: Any, path: str, body: dict[str, Any], **kwargs: Any) -> httpx.Resp
 def lines(response: httpx.Response) -> list[dict[str, Any]]:
     assert response.status_code == 200 and response.headers["content-type"].startswith("application/x-ndjson")
     return [json.loads(line) for line in response.text.splitlines()]
-
-
-def last_prompt(srv: Any) -> str:
-    return srv.engine.tokenizer.decode(srv.engine.requests[-1].prompt_ids)
 
 
 def check_final(final: dict[str, Any], srv: Any) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from server.reasoning import ReasoningSplitter
 from tests.helpers.tool_models import HERMES_TEMPLATE, TOOLS, scripted_engine, tool_tokenizer
+from tests.helpers.tool_models import openai_client as oai
 
 # Hermes-style template whose generation prompt closes an empty block when enable_thinking is false
 # (as Qwen3's does), so it names both tags
@@ -33,10 +34,6 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 def serve(fake_server: Callable, script: str = SCRIPT, template: str = THINK_TEMPLATE, **fields: Any) -> Any:
     return fake_server(scripted_engine(tool_tokenizer(template), script), **fields)
-
-
-def oai(srv: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def chat_both(srv: Any, **kwargs: Any) -> tuple[Any, str | None, str]:

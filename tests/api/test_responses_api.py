@@ -11,7 +11,8 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.tool_models import HERMES_TEMPLATE, TOOLS, scripted_engine, tool_tokenizer
+from tests.helpers.tool_models import HERMES_TEMPLATE, TOOLS, last_prompt, scripted_engine, tool_tokenizer
+from tests.helpers.tool_models import openai_client as client_for
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|end|>'
 FUNCTION_TOOLS = [{"type": "function", **tool["function"]} for tool in TOOLS]
@@ -19,14 +20,6 @@ FUNCTION_TOOLS = [{"type": "function", **tool["function"]} for tool in TOOLS]
 
 def server(fake_server: Callable, script: str) -> Any:
     return fake_server(scripted_engine(tool_tokenizer(HERMES_TEMPLATE), script, tokens_per_step=3))
-
-
-def client_for(srv: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def last_prompt(srv: Any) -> str:
-    return srv.engine.tokenizer.decode(srv.engine.requests[-1].prompt_ids)
 
 
 def set_script(srv: Any, script: str) -> None:

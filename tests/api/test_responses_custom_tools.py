@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import openai
 
 from server.responses_api.custom_tools import InputReader
 from tests.api.test_responses_api import FUNCTION_TOOLS, assert_items_one_at_a_time
-from tests.helpers.tool_models import HERMES_TEMPLATE, scripted_engine, tool_tokenizer
+from tests.helpers.tool_models import HERMES_TEMPLATE, last_prompt, scripted_engine, tool_tokenizer
+from tests.helpers.tool_models import openai_client as client_for
 
 PATCH = '*** Begin Patch\n*** Add File: hello.py\n+print("héllo")\n+\tx = 1\n*** End Patch\n'
 GRAMMAR = 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\n'
@@ -29,14 +29,6 @@ WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pari
 
 def server(fake_server: Callable, script: str) -> Any:
     return fake_server(scripted_engine(tool_tokenizer(HERMES_TEMPLATE), script, tokens_per_step=3))
-
-
-def client_for(srv: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def last_prompt(srv: Any) -> str:
-    return srv.engine.tokenizer.decode(srv.engine.requests[-1].prompt_ids)
 
 
 def test_a_custom_tool_call_whole_forced_and_its_round_trip(fake_server) -> None:

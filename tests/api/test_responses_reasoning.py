@@ -11,11 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from tests.api.test_reasoning_api import SCRIPT, THINK_TEMPLATE
 from tests.helpers.tool_models import HERMES_TEMPLATE, TOOLS, scripted_engine, tool_tokenizer
+from tests.helpers.tool_models import openai_client as oai
 
 # THINK_TEMPLATE that also renders a past assistant turn's reasoning_content (as Qwen3's does)
 REPLAY_TEMPLATE = THINK_TEMPLATE.replace(
@@ -29,10 +29,6 @@ REPLAY_TEMPLATE = THINK_TEMPLATE.replace(
 
 def serve(fake_server: Callable, script: str = SCRIPT, template: str = REPLAY_TEMPLATE) -> Any:
     return fake_server(scripted_engine(tool_tokenizer(template), script))
-
-
-def oai(srv: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def prompt(srv: Any) -> str:

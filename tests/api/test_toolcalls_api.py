@@ -21,8 +21,12 @@ from tests.helpers.tool_models import (
     LLAMA_TEMPLATE,
     MISTRAL_TEMPLATE,
     TOOLS,
+    last_prompt,
     scripted_engine,
     tool_tokenizer,
+)
+from tests.helpers.tool_models import (
+    openai_client as client_for,
 )
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -31,16 +35,8 @@ TIME = '{"name": "get_time", "arguments": {"tz": "UTC"}}'
 HERMES_CALLS = f"I'll check.\n<tool_call>\n{WEATHER}\n</tool_call>\n<tool_call>\n{TIME}\n</tool_call><|end|>"
 
 
-def client_for(srv: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
 def hermes_server(fake_server: Callable, script: str, **server_fields: Any) -> Any:
     return fake_server(scripted_engine(tool_tokenizer(HERMES_TEMPLATE), script), **server_fields)
-
-
-def last_prompt(srv: Any) -> str:
-    return srv.engine.tokenizer.decode(srv.engine.requests[-1].prompt_ids)
 
 
 def calls_of(message: Any) -> list[tuple[str, dict]]:

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+
+from tests.helpers.int4_checkpoints import plain_model
 
 BLOCK = 128
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -111,10 +112,7 @@ def dense_weights(folder: Path) -> dict[str, torch.Tensor]:
 def dequantized_model(folder: Path, fp32_folder: Path) -> torch.nn.Module:
     """A plain float32 transformers model of the fp32 original's config holding `folder`'s weights,
     dequantized by `dense_weights`."""
-    model = AutoModelForCausalLM.from_pretrained(fp32_folder, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(dense_weights(folder), strict=False)
-    assert not unexpected and all("rotary" in name for name in missing), (missing, unexpected)
-    return model.eval()
+    return plain_model(fp32_folder, dense_weights(folder))
 
 
 def as_mistral3_release(folder: Path, out: Path) -> Path:

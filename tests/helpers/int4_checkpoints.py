@@ -157,7 +157,12 @@ def dense_weights(folder: Path) -> dict[str, torch.Tensor]:
 def dequantized_model(folder: Path, fp32_folder: Path) -> torch.nn.Module:
     """A plain float32 transformers model of the fp32 original's config holding `folder`'s weights,
     dequantized by `dense_weights`."""
+    return plain_model(fp32_folder, dense_weights(folder))
+
+
+def plain_model(fp32_folder: Path, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The fp32 original's transformers model in float32 holding `weights` (every tensor but rotary buffers)."""
     model = AutoModelForCausalLM.from_pretrained(fp32_folder, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(dense_weights(folder), strict=False)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not unexpected and all("rotary" in name for name in missing), (missing, unexpected)
     return model.eval()

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
+
+import openai
 
 from tests.helpers.fake_engine import FakeEngine, tiny_tokenizer
 
@@ -118,3 +121,13 @@ def scripted_engine(tokenizer, script: str, tokens_per_step: int = 1, max_contex
     engine.eos_token_ids = frozenset({tokenizer.eos_token_id})
     engine.script_ids = tokenizer.encode(script, add_special_tokens=False)
     return engine
+
+
+def openai_client(srv: Any) -> openai.OpenAI:
+    """The openai SDK against a fake server (tests/api/conftest.py's fake_server)."""
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def last_prompt(srv: Any) -> str:
+    """The text of the last prompt the fake server's engine was given."""
+    return srv.engine.tokenizer.decode(srv.engine.requests[-1].prompt_ids)

@@ -21,7 +21,7 @@ import engine.model.attention as attention
 import engine.model.rotary_table as rotary_table
 import engine.model.runner as runner_module
 from engine.model.kv_cache import KVCache
-from engine.model.rotary_table import static_rope
+from engine.model.rotary_table import module_rotary, static_rope
 from engine.model.runner import DecoderRunner
 from engine.speculation.tree import prefix_tree_mask
 from tests.helpers.family_configs import FAMILIES
@@ -65,7 +65,7 @@ def test_rotary_tables_equal_the_module_bitwise(family, dtype, rope):
         positions[0] = bound - 1
         got = runner.rotary_tables.lookup(runner.embed_tokens.weight, positions, bound)
         for key in runner.rotary_key_set:
-            want = runner._rotary(like, positions[None], key)
+            want = module_rotary(runner.rotary_emb, like, positions[None], key)  # the module's own forward
             for a, b in zip(got[key], want, strict=True):
                 assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
                 assert torch.equal(a, b), (family, key, bound)
