@@ -84,12 +84,11 @@ class Generation:
             return self._content_deltas(piece)
         return self._part_deltas(self.reasoning.feed(piece))
 
-    def finish_deltas(self, finish_reason: str | None = None) -> list[Delta]:
-        """The deltas held back until the end (`finish_reason` "length": tool-call markup cut off is dropped)."""
+    def finish_deltas(self) -> list[Delta]:
+        """The deltas held back until the end, read with the finish reason (after `pieces`: "length" means
+        cut off, so tool-call markup begun there is dropped, on every surface)."""
         out = [] if self.reasoning is None else self._part_deltas(self.reasoning.finish())
-        if isinstance(self.tools, HarmonyOutput):  # a call cut off is told apart by the finish reason
-            return out + self.tools.finish(finish_reason or self.finish_reason)
-        return out + ([] if self.tools is None else self.tools.finish(finish_reason))
+        return out + ([] if self.tools is None else self.tools.finish(self.finish_reason))
 
     def message(self, text: str) -> tuple[str | None, str | None, list[dict[str, Any]] | None]:
         """The whole text: (reasoning, None without a block; content; tool calls)."""

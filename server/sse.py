@@ -53,7 +53,7 @@ async def choice_chunks(gen: Generation, env: Envelope, index: int) -> AsyncIter
         for delta in gen.deltas(piece):
             yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls,
                             reasoning=delta.reasoning)
-    for delta in gen.finish_deltas(gen.finish_reason):
+    for delta in gen.finish_deltas():
         yield env.chunk(delta.content, index=index, logprobs=gen.take_logprobs(), tool_calls=delta.tool_calls,
                         reasoning=delta.reasoning)
     assert gen.finish_reason is not None

@@ -96,7 +96,7 @@ async def _create(request: Request, state: ServerState) -> Response:
     if texts is None:
         return Response(status_code=499)
     items = OutputItems(custom_names)
-    for delta in gen.deltas(texts[0]) + gen.finish_deltas(gen.finish_reason):
+    for delta in gen.deltas(texts[0]) + gen.finish_deltas():
         items.feed(delta)
     incomplete = _incomplete(gen)
     items.close("incomplete" if incomplete else "completed")
@@ -173,7 +173,7 @@ async def _events(gen: Generation, head: ResponseHead, saved: tuple[ResponseStor
             for delta in gen.deltas(piece):
                 for kind, fields in items.feed(delta):
                     yield event(kind, fields)
-        for delta in gen.finish_deltas(gen.finish_reason):
+        for delta in gen.finish_deltas():
             for kind, fields in items.feed(delta):
                 yield event(kind, fields)
         incomplete = _incomplete(gen)
