@@ -145,7 +145,6 @@ class StepStats:
     expected_accepted: float | None = None  # E[num_accepted | this tree] (sample-and-match); None: not known
     overlap_seconds: float = 0.0  # draft work beside the target pass (overlap), within target_seconds
     extension_forwards: int = 0  # draft passes beside the target pass (overlap), all requests' together
-    draft_forwards: int = 0  # draft passes before the target pass (the trees grown in lockstep), catch-up included
 
 
 @dataclass(frozen=True)
@@ -161,7 +160,7 @@ class PassStats:
     step_seconds: float
     overlap_seconds: float = 0.0  # draft work beside the target pass, within target_seconds
     extension_forwards: int = 0  # draft passes beside the target pass
-    draft_forwards: int = 0  # draft passes before the target pass (every tree's growth together)
+    draft_forwards: int = 0  # draft passes before the target pass (every tree's growth together, catch-up included)
 
 
 @dataclass

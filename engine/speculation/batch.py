@@ -57,8 +57,8 @@ class BatchResult:
 class Extended:
     """Draft passes of a step's growths and their time: before the target pass, or beside it (overlap)."""
 
-    forwards: int = 0  # draft passes of the extensions
-    seconds: float = 0.0  # host time from the pass's start until the extensions stopped
+    forwards: int = 0  # draft passes (of the growth before the pass, or of the extensions beside it)
+    seconds: float = 0.0  # extensions: host time from the pass's start until they stopped
 
     def count(self) -> None:
         self.forwards += 1
@@ -205,7 +205,6 @@ def run_batch(target: DecoderRunner, items: list[BatchItem], streams: PassStream
             expected_accepted=item.seq.expected_accepted,
             overlap_seconds=extended.seconds,
             extension_forwards=extended.forwards,
-            draft_forwards=grown_before.forwards,
         ))
     return BatchResult(results, pass_tokens, draft_seconds, target_seconds, extended.seconds, step_seconds,
                        extended.forwards, grown_before.forwards)
