@@ -143,7 +143,9 @@ def dequantize_function(mode: str | None = None) -> Callable[[torch.Tensor, torc
 def _dequantize_by_mode(mode: str) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
     if mode == "eager":
         return dequantized
-    return torch.compile(dequantized_fused, dynamic=False, fullgraph=True)
+    # dynamic: one kernel for every matrix shape (a layer has four; a kernel per shape hit dynamo's recompile
+    # limit on an H200, with inference and plain tensors guarded apart)
+    return torch.compile(dequantized_fused, dynamic=True, fullgraph=True)
 
 
 class Int4Linear(nn.Module):

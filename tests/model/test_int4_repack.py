@@ -133,6 +133,23 @@ def test_the_fused_dequantization_is_the_eager_one_bit_for_bit():
         gptq_int4.dequantize_function("fast")
 
 
+@pytest.mark.slow
+def test_the_compiled_dequantization_takes_every_matrix_shape_of_a_model():
+    """SPECEXEC_INT4_DEQUANT=compiled compiles once for all shapes: ten shapes, inference and plain tensors
+    (a kernel per shape hit dynamo's recompile limit, a hard failure under fullgraph, on an H200's first
+    full-shape run); each result is the eager dequantization's bit for bit. On the CPU (inductor's C++)."""
+    compiled = gptq_int4.dequantize_function("compiled")
+    gen = torch.Generator().manual_seed(9)
+    shapes = [(64, 256), (128, 256), (32, 512), (256, 128), (64, 1024), (96, 256), (160, 384), (48, 640), (512, 256),
+              (24, 768)]
+    for i, (n, k) in enumerate(shapes):
+        nibbles = gptq_int4.nibble_pairs(torch.randint(0, 16, (n, k), dtype=torch.int32, generator=gen))
+        scales_and_zeros = (torch.rand(k // GROUP, n, 2, generator=gen) * 0.02 - 0.01).to(torch.bfloat16)
+        with torch.inference_mode() if i % 2 else torch.no_grad():
+            want = gptq_int4.dequantized(nibbles, scales_and_zeros, GROUP)
+            assert torch.equal(compiled(nibbles, scales_and_zeros, GROUP), want), (n, k)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_compiled_dequantization_is_the_eager_one_bit_for_bit():
