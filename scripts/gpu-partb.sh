@@ -3,8 +3,9 @@
 # (the system python3 with torch and transformers; nothing installed).
 #   bash scripts/gpu-partb.sh 1 "$OUT"   # the cuda-marked tests, then the full-shape section (~4 min)
 #   bash scripts/gpu-partb.sh 2 "$OUT"   # the sections the round changed: build, steps, serving (~2 min)
-# Stage 1 runs the full shape with the int4 dequantization compiled into one kernel
-# (SPECEXEC_INT4_DEQUANT=compiled); its kernel table compares it with the eager one and tinygemm.
+# Stage 1 runs the full shape with the int4 dequantization compiled into one kernel per shape
+# (SPECEXEC_INT4_DEQUANT=compiled, the default where triton is installed); its kernel table compares it
+# with the eager one and tinygemm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?stage 1 or 2}

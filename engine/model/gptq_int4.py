@@ -37,6 +37,7 @@ the same model's alone, as with any kernel.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from collections.abc import Callable
 
@@ -126,18 +127,24 @@ def dequantized_fused(nibbles: torch.Tensor, scales_and_zeros: torch.Tensor, gro
     return weight.to(torch.bfloat16).view(n, -1)
 
 
-DEQUANT_MODES = ("eager", "compiled")
-COMPILED_SHAPES = 64  # compiled dequantization: kernels (matrix shapes x tensor kinds) dynamo may keep  # SPECEXEC_INT4_DEQUANT: how CUDA calls of many rows dequantize
+DEQUANT_MODES = ("eager", "compiled")  # SPECEXEC_INT4_DEQUANT: how CUDA calls of many rows dequantize
+COMPILED_SHAPES = 64  # compiled dequantization: kernels (matrix shapes x tensor kinds) dynamo may keep
 
 
 def dequantize_function(mode: str | None = None) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
-    """`dequantized` (eager: several kernels, ~8.8 ms a 70B layer on an H100) or `dequantized_fused`
-    compiled by torch.compile (one kernel per matrix shape, compiled on its first call), by `mode` or
-    SPECEXEC_INT4_DEQUANT (default eager until measured on a GPU: docs/bench/gpu.md)."""
-    mode = mode or os.environ.get("SPECEXEC_INT4_DEQUANT", "eager")
+    """`dequantized` (eager: several kernels, 8.2 ms a 70B layer on an H200) or `dequantized_fused` compiled
+    by torch.compile (one kernel per matrix shape, compiled on its first call: 1.9 ms, bit for bit the
+    eager result; docs/bench/gpu.md, 2026-11-27 H200), by `mode` or SPECEXEC_INT4_DEQUANT; default
+    compiled where triton (torch.compile's GPU code generator) is installed, else eager."""
+    mode = mode or os.environ.get("SPECEXEC_INT4_DEQUANT") or default_dequant_mode()
     if mode not in DEQUANT_MODES:
         raise ValueError(f"SPECEXEC_INT4_DEQUANT must be one of {', '.join(DEQUANT_MODES)}, got {mode!r}")
     return _dequantize_by_mode(mode)
+
+
+@functools.cache
+def default_dequant_mode() -> str:
+    return "compiled" if importlib.util.find_spec("triton") is not None else "eager"
 
 
 @functools.cache
