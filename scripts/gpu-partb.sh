@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Issue 38's part B, prepared: what a session lent a GPU runs, in two commands of under 5 minutes each
+# Issue 38's part B, prepared: what a session lent a GPU runs, in commands of under 5 minutes each
 # (the system python3 with torch and transformers; nothing installed).
 #   bash scripts/gpu-partb.sh 1 "$OUT"   # the cuda-marked tests, then the full-shape section (~4 min)
 #   bash scripts/gpu-partb.sh 2 "$OUT"   # the sections the round changed: build, steps, serving (~2 min)
+#   bash scripts/gpu-partb.sh 3 "$OUT"   # the draft's tree forward alone: eager vs compiled layers (~1-2 min)
 # Stage 1 runs the full shape with the int4 dequantization compiled into one kernel per shape
 # (SPECEXEC_INT4_DEQUANT=compiled, the default where triton is installed); its kernel table compares it
 # with the eager one and tinygemm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage 1 or 2}
+stage=${1:?stage 1, 2 or 3}
 out=${2:-gpu-partb}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -27,8 +28,13 @@ case "$stage" in
         --sections header,build,steps,serving > "$out/sections.log" 2>&1
     tail -n 3 "$out/sections.log"
     ;;
+  3)
+    timeout 280 bash scripts/gpu-check.sh --out "$out/draftpass.md" --work-dir /tmp/gpucheck \
+        --sections header,draftpass > "$out/draftpass.log" 2>&1
+    tail -n 3 "$out/draftpass.log"
+    ;;
   *)
-    echo "stage must be 1 or 2" >&2
+    echo "stage must be 1, 2 or 3" >&2
     exit 2
     ;;
 esac

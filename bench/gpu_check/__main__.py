@@ -32,6 +32,8 @@ SECTIONS = {
     "bench": ("End to end: one `specexec bench` row", "bench_row:bench_section"),
     "fullshape": ("Full shape: a 70B-shaped 4-bit target streamed from pinned RAM, a 1B-shaped draft, 23 GB",
                   "fullshape:fullshape_section"),
+    "draftpass": ("The draft's tree forward alone: host vs device time, 1 and 4 segments, compiled layers",
+                  "draftpass:draftpass_section"),
 }
 NEEDS_BUILD = ("copy", "equality", "overlap", "steps", "disk")
 

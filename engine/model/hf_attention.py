@@ -81,6 +81,7 @@ def segment_mask(inputs: SegmentInputs, window: int | None, dtype: torch.dtype) 
     return mask
 
 
+@torch.compiler.disable  # run eagerly between compiled layer parts (DecoderRunner.compile_layers)
 def attend_layer(
     group: GroupInputs,
     layer_idx: int,

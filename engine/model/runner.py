@@ -38,6 +38,9 @@ from engine.model.rotary_table import RotaryTables, module_rotary, static_rope
 PASS_THROUGH_WRAPPERS = ("forward_with_checkpointing", "wrapped_func")
 
 
+COMPILED_LAYER_SHAPES = 16  # compile_layers: graphs dynamo may keep per layer forward (pass kinds)
+
+
 def plain_forward(layer_class: type) -> Callable[..., torch.Tensor]:
     """The layer class's forward without the pass-through wrappers (any other wrapper is kept)."""
     forward = layer_class.forward
@@ -131,6 +134,18 @@ class DecoderRunner:
         # per layer: its class's forward, called as forward(layer, ...): no module hooks (the engine sets none)
         self.layer_forwards = [plain_forward(type(layer)) for layer in self.hf_layers]
         self.attention_backends: list[SDPBackend] | None = None  # None: by device; a GPU check may pin one
+
+    def compile_layers(self) -> None:
+        """The decoder layers' forwards through torch.compile (dynamic shapes): their norms, rotary and MLP
+        glue fused into fewer kernels where kernel launches bound a small pass (a draft's tree forward on a
+        GPU); the engine's attention runs eagerly between the compiled parts. Layers of one class share
+        one compiled forward. Experimental (bench.gpu_check's draftpass section measures it): outputs
+        agree with the eager forward to rounding, so only a draft (whose proposals verification checks)
+        should run compiled."""
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_LAYER_SHAPES)
+        compiled: dict[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] = {}
+        self.layer_forwards = [compiled.setdefault(forward, torch.compile(forward, dynamic=True))
+                               for forward in self.layer_forwards]
 
     def _rotary_keys(self) -> list[str | None]:
         """Per layer, the argument its rotary table is computed with: its layer type where the model's

@@ -107,6 +107,9 @@ def test_tiny_run_on_cpu_reports_every_section(tmp_path, capsys):
     assert all(r[1] != "no SDPA op seen" and r[4] == r[5] == "n/a (CPU)" for r in kernels)
     assert len(table(text, "disk source read")) == 1
     assert [r[0] for r in table(text, "method")] == ["Autoregressive", "SpecExec"]
+    draft_rows = table(text, "layers", "segments")
+    assert [(r[0], r[1]) for r in draft_rows] == [(k, s) for k in ("eager", "compiled") for s in ("1", "1", "4", "4")]
+    assert all(int(r[6]) > 0 for r in draft_rows[:4])  # aten ops a forward, counted eagerly
 
 
 def test_tiny_full_shape_section_runs_every_table(tmp_path, capsys):

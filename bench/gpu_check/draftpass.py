@@ -1,0 +1,147 @@
+"""The draft's tree forward alone (issue 38's levers): a Llama-3.2-1B-shaped draft's forward over tree
+segments, as a growth round makes it (each segment `rows` nodes after a committed prefix, an explicit
+ancestor mask, positions prefix + depth), for 1 and 4 segments (one stream, four), eager and with the
+layers compiled (DecoderRunner.compile_layers).
+
+Per row: the host's time until the forward returns (its kernels queued), the wall time to its end
+(synchronized after each forward, as a growth's next selection is), the device's time between CUDA
+events around it, and the aten ops one forward dispatches. host ~ wall >> device: the forward is bound
+by launching its kernels (the full-shape run's 11-21 ms a draft forward), which fewer, fused kernels
+(compiled layers) or fewer segments' worth of attention calls would cut."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench.gpu_check.context import CheckContext
+from bench.gpu_check.fullshape_build import DRAFT_LOGIT_STD, build_draft
+from engine.model.kv_cache import KVCache
+from engine.model.runner import DecoderRunner, Segment
+from engine.offload.device import synchronize
+
+PREFIX_LEN = 256  # committed slots before each tree
+CACHE_SLOTS = 1024
+WARMUP = 3  # forwards before the timed ones (the compiled forward compiles in these)
+TIMED = 20
+SEGMENTS = (1, 4)
+ROWS = (16, 64)  # nodes a segment expands in one forward (a growth's K at budget 256: 16-64)
+
+
+@dataclass(frozen=True)
+class DraftPassRow:
+    compiled: bool
+    segments: int
+    rows: int
+    host_ms: float  # median, until forward_groups returned
+    wall_ms: float  # median, until the device finished it
+    device_ms: float  # median, CUDA events (wall on the CPU)
+    aten_ops: int  # one forward's dispatched aten ops (eager); 0 when not counted
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def draft_heads(ctx: CheckContext, seed: int) -> dict[str, torch.Tensor]:
+    """The draft's embedding and head, drawn as fullshape_build's aligned pair draws them (no target's)."""
+    full, device = ctx.plan.full, ctx.device
+    generator = torch.Generator(device).manual_seed(seed)
+    embed = torch.randn(full.vocab_size, full.draft_hidden, device=device, generator=generator)
+    head = torch.randn(full.vocab_size, full.draft_hidden, device=device, generator=generator)
+    return {"draft_embed": embed.to(ctx.dtype), "draft_head": (head * (DRAFT_LOGIT_STD / full.draft_hidden ** 0.5)).to(ctx.dtype)}
+
+
+def filled_cache(runner: DecoderRunner, device: torch.device) -> KVCache:
+    cache = runner.new_cache(CACHE_SLOTS)
+    runner.prefill(torch.arange(3, 3 + PREFIX_LEN, device=device), cache, PREFIX_LEN)
+    cache.length = PREFIX_LEN
+    return cache
+
+
+def tree_segment(cache: KVCache, rows: int, vocab_size: int, seed: int) -> Segment:
+    """`rows` tree nodes written after 8 earlier ones: each sees the prefix and about half the tree slots
+    before it; positions prefix + depth (1-8)."""
+    device = cache.device
+    generator = torch.Generator().manual_seed(seed)
+    start = PREFIX_LEN + 8
+    allowed = torch.rand(rows, start + rows, generator=generator) < 0.5
+    allowed[:, :PREFIX_LEN] = True
+    allowed[:, start:] = torch.eye(rows, dtype=torch.bool) | allowed[:, start:].tril(-1)
+    positions = PREFIX_LEN + torch.randint(1, 9, (rows,), generator=generator)
+    ids = torch.randint(3, vocab_size, (rows,), generator=generator)
+    return Segment(ids.to(device), positions.to(device), cache, start, allowed.to(device))
+
+
+def time_forwards(runner: DecoderRunner, groups: list[list[Segment]], device: torch.device) -> tuple[float, float, float]:
+    """Median (host, wall, device) ms of TIMED forwards, each synchronized before the next."""
+    host, wall, on_device = [], [], []
+    for _ in range(TIMED):
+        synchronize(device)
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if device.type == "cuda" else None
+        if events:
+            events[0].record()
+        begin = time.perf_counter()
+        runner.forward_groups(groups)
+        queued = time.perf_counter()
+        if events:
+            events[1].record()
+        synchronize(device)
+        end = time.perf_counter()
+        host.append((queued - begin) * 1e3)
+        wall.append((end - begin) * 1e3)
+        on_device.append(events[0].elapsed_time(events[1]) if events else (end - begin) * 1e3)
+    return statistics.median(host), statistics.median(wall), statistics.median(on_device)
+
+
+def measure(ctx: CheckContext, runner: DecoderRunner, caches: list[KVCache], compiled: bool) -> list[DraftPassRow]:
+    rows_out = []
+    for segments in SEGMENTS:
+        for rows in ROWS:
+            groups = [[tree_segment(caches[i], rows, runner.vocab_size, 7 * rows + i) for i in range(segments)]]
+            for _ in range(WARMUP):
+                runner.forward_groups(groups)
+            ops = 0
+            if not compiled:
+                with OpCounter() as counter:
+                    runner.forward_groups(groups)
+                ops = counter.count
+            host, wall, device = time_forwards(runner, groups, ctx.device)
+            rows_out.append(DraftPassRow(compiled, segments, rows, host, wall, device, ops))
+    return rows_out
+
+
+def draftpass_section(ctx: CheckContext) -> None:
+    full = ctx.plan.full
+    with torch.inference_mode():
+        runner = build_draft(full, draft_heads(ctx, 11), ctx.device, ctx.dtype, 12)
+        caches = [filled_cache(runner, ctx.device) for _ in range(max(SEGMENTS))]
+        table = measure(ctx, runner, caches, compiled=False)
+        begin = time.perf_counter()
+        runner.compile_layers()
+        table += measure(ctx, runner, caches, compiled=True)
+        compile_s = time.perf_counter() - begin - sum(r.wall_ms for r in table if r.compiled) * TIMED / 1e3
+    report = ctx.report
+    report.line(f"Draft: {full.draft_layers} Llama layers, hidden {full.draft_hidden}, vocabulary {full.vocab_size}, "
+                f"{ctx.dtype}; each segment after {PREFIX_LEN} committed slots; median of {TIMED} forwards, "
+                "each synchronized before the next.")
+    report.table("layers", "segments", "rows each", "host ms (queued)", "wall ms", "device ms", "aten ops a forward",
+                 "host / device")
+    for r in table:
+        report.row("compiled" if r.compiled else "eager", r.segments, r.rows, f"{r.host_ms:.2f}", f"{r.wall_ms:.2f}",
+                   f"{r.device_ms:.2f}", r.aten_ops or "-", f"{r.host_ms / max(r.device_ms, 1e-6):.1f}")
+    report.line()
+    eager = {(r.segments, r.rows): r.wall_ms for r in table if not r.compiled}
+    report.line("Compiled / eager wall time: " + ", ".join(
+        f"{s} x {n}: {r.wall_ms / eager[(s, n)]:.2f}x" for r in table if r.compiled for s, n in [(r.segments, r.rows)])
+        + f"; compiling (warm-up forwards included) took about {max(compile_s, 0.0):.0f} s.")
