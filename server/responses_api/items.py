@@ -28,6 +28,7 @@ from typing import Any
 
 from server.errors import invalid_request, unsupported
 from server.responses_api.custom_tools import call_arguments
+from server.responses_api.namespaces import call_name
 
 log = logging.getLogger("specexec.server")
 
@@ -139,8 +140,9 @@ def _call(item: Item, kind: str, index: int) -> Item:
         arguments = item.get("arguments") or "{}"
     else:
         arguments = call_arguments(_text(item.get("input"), f"input[{index}].input"))
+    _field(item, "name", index)
     return {"id": _field(item, "call_id", index), "type": "function",
-            "function": {"name": _field(item, "name", index), "arguments": arguments}}
+            "function": {"name": call_name(item), "arguments": arguments}}  # qualified in a namespace
 
 
 def _output_call_id(item: Item, kind: str, index: int) -> str:

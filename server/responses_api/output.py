@@ -56,13 +56,22 @@ def custom_call_item(item_id: str, call_id: str, name: str, text: str, status: s
             "input": text}
 
 
+@dataclass(frozen=True)
+class CallNames:
+    """How the model's calls become items: tools offered under these names are custom tools (custom_tool_call
+    items), and qualified names of a namespace's tools -> (namespace, name) (server/responses_api/namespaces.py)."""
+
+    custom: frozenset[str] = frozenset()
+    members: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
 class OutputItems:
-    def __init__(self, custom_names: frozenset[str] = frozenset()) -> None:
+    def __init__(self, names: CallNames | None = None) -> None:
         self.items: list[dict[str, Any]] = []
         self._text: list[str] | None = None  # the open message's text
         self._reasoning: list[str] | None = None  # the open reasoning item's text
         self._call_items: dict[int, int] = {}  # tool-call index -> output index
-        self._custom_names = custom_names  # calls of these tools are custom_tool_call items
+        self._names = names or CallNames()
         self._inputs: dict[int, tuple[InputReader, list[str]]] = {}  # output index -> (reader, arguments so far)
 
     def feed(self, delta: Delta) -> list[Event]:
@@ -95,10 +104,14 @@ class OutputItems:
         return events
 
     def _call_item(self, index: int, call_id: str, name: str) -> dict[str, Any]:
-        if name not in self._custom_names:
-            return call_item(new_id("fc"), call_id, name, "", "in_progress")
-        self._inputs[index] = (InputReader(), [])
-        return custom_call_item(new_id("ctc"), call_id, name, "", "in_progress")
+        if name not in self._names.custom:
+            item = call_item(new_id("fc"), call_id, name, "", "in_progress")
+        else:
+            self._inputs[index] = (InputReader(), [])
+            item = custom_call_item(new_id("ctc"), call_id, name, "", "in_progress")
+        if name in self._names.members:  # a namespace's tool: its own name, and the namespace
+            item["namespace"], item["name"] = self._names.members[name]
+        return item
 
     def _input_delta(self, index: int, text: str) -> list[Event]:
         if not text:

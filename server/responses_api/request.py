@@ -3,8 +3,9 @@
 Fields (OpenAI's Responses API): `model`, `input` (a string, or items: server/responses_api/items.py),
 `instructions` (a system message first), `max_output_tokens`, `temperature`, `top_p`, `tools` (function
 tools, and custom tools as functions taking one string: server/responses_api/custom_tools.py; with the
-tools of `additional_tools` input items; other tool types, such as Codex's `namespace`, `web_search` and
-`image_generation`, are left out, each type logged once), `tool_choice`, `parallel_tool_calls`,
+tools of `additional_tools` input items; the function and custom tools of `namespace` tools under qualified
+names: server/responses_api/namespaces.py; other tool types, such as `web_search` and `image_generation`,
+are left out, each type logged once), `tool_choice`, `parallel_tool_calls`,
 `text.format` (text, json_object, json_schema; `text.verbosity` ignored), `reasoning` (`effort` as template
 variables, `REASONING_EFFORT`; `summary` ignored), `stream`, `store`, `previous_response_id`, `metadata`,
 `user`; our extras `seed`, `top_k`, `min_p`, `stop`, `chat_template_kwargs`. Unknown fields (`include`,
@@ -24,6 +25,7 @@ from server.json_body import load_json_object
 from server.protocol import ChatCompletionRequest, check_supported, error_param
 from server.responses_api.custom_tools import custom_function
 from server.responses_api.items import chat_messages, conversation_tools
+from server.responses_api.namespaces import call_name, flatten
 from server.responses_api.store import MAX_ITEMS
 
 log = logging.getLogger("specexec.server")
@@ -74,6 +76,7 @@ class NamedTool(_Model):
 
     type: Literal["function", "custom"]
     name: str
+    namespace: str | None = None  # a tool of a namespace tool (server/responses_api/namespaces.py)
 
 
 class ResponsesRequest(_Model):
@@ -144,13 +147,14 @@ def function_tools(tools: list[Item]) -> list[Item]:
 
 
 def custom_tool_names(tools: list[Item]) -> frozenset[str]:
-    """The names of the custom tools: the model's calls to them are custom_tool_call items."""
-    return frozenset(str(tool.get("name")) for tool in tools if tool.get("type") == "custom")
+    """The names the custom tools are offered under (a namespace's qualified): the model's calls to them are
+    custom_tool_call items."""
+    return frozenset(str(tool.get("name")) for tool in flatten(tools)[0] if tool.get("type") == "custom")
 
 
 def _ignore_tool_type(kind: str) -> None:
-    """Codex sends tools of types only OpenAI's servers run (web_search, image_generation) or that group
-    others (namespace): they are not offered to the model."""
+    """Codex sends tools of types only OpenAI's servers run (web_search, image_generation): they are not
+    offered to the model."""
     if kind not in _ignored_tool_types:
         _ignored_tool_types.add(kind)
         log.info("/v1/responses: tools of type %r are left out (only function tools are served)", kind)
@@ -197,14 +201,14 @@ def chat_request(request: ResponsesRequest, items: list[Item], lookup: Callable[
     body: dict[str, Any] = {
         "model": request.model, "messages": messages, "stream": request.stream,
         "max_tokens": request.max_output_tokens, "temperature": request.temperature, "top_p": request.top_p,
-        "tools": function_tools(tools) or None, "parallel_tool_calls": request.parallel_tool_calls,
+        "tools": function_tools(flatten(tools)[0]) or None, "parallel_tool_calls": request.parallel_tool_calls,
         "response_format": request.response_format(), "user": request.user, "seed": request.seed,
         "top_k": request.top_k, "min_p": request.min_p, "stop": request.stop,
         "chat_template_kwargs": request.template_kwargs(),
     }
     choice = request.tool_choice
-    body["tool_choice"] = {"type": "function", "function": {"name": choice.name}} if isinstance(choice, NamedTool) \
-        else choice
+    body["tool_choice"] = {"type": "function", "function": {"name": call_name(choice.model_dump())}} \
+        if isinstance(choice, NamedTool) else choice
     try:
         chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
         check_supported(chat)

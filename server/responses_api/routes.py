@@ -25,7 +25,8 @@ from server.generation import Generation, collect_texts
 from server.json_pieces import dumps_in_pieces
 from server.limits import read_body
 from server.protocol import ChatCompletionRequest
-from server.responses_api.output import OutputItems, ResponseHead, new_id, response_fields, usage
+from server.responses_api.namespaces import flatten
+from server.responses_api.output import CallNames, OutputItems, ResponseHead, new_id, response_fields, usage
 from server.responses_api.request import (
     ResponsesRequest,
     chat_request,
@@ -79,7 +80,7 @@ async def _create(request: Request, state: ServerState) -> Response:
     _check_conversation(len(history), len(own))
     # what the stored items bring counts toward the lane as the body does (server/preparation.py)
     lane = state.preparation.lane(len(raw) + history_bytes + store.item_bytes(own))
-    chat, pending, custom_names = await lane.run(_prepare, req, history, history_bytes, own, len(raw), store)
+    chat, pending, names = await lane.run(_prepare, req, history, history_bytes, own, len(raw), store)
     gens, _ = await start_generations(state, chat, True, ENDPOINT, lane)
     gen = gens[0]
     head = ResponseHead(state.response_model(req.model), response_fields(req, list(req.tools or [])))
@@ -88,14 +89,14 @@ async def _create(request: Request, state: ServerState) -> Response:
         async def on_close(message: Any) -> None:
             gen.cancel()
 
-        events = _events(gen, head, saved, custom_names)
+        events = _events(gen, head, saved, names)
         return EventSourceResponse(events, sep="\n", ping=config.ping_seconds,
                                    ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
                                    client_close_handler_callable=on_close, headers={"x-request-id": head.id})
     texts = await collect_texts(request, gens, head.id)
     if texts is None:
         return Response(status_code=499)
-    items = OutputItems(custom_names)
+    items = OutputItems(names)
     for delta in gen.deltas(texts[0]) + gen.finish_deltas():
         items.feed(delta)
     incomplete = _incomplete(gen)
@@ -130,15 +131,16 @@ def _check_conversation(num_history: int, num_input: int) -> None:
 
 def _prepare(req: ResponsesRequest, history: list[dict[str, Any]], history_bytes: int, own: list[dict[str, Any]],
              body_bytes: int, store: ResponseStore
-             ) -> tuple[ChatCompletionRequest, PendingResponse | None, frozenset[str]]:
+             ) -> tuple[ChatCompletionRequest, PendingResponse | None, CallNames]:
     """The chat request (in a preparation lane: item_reference lookups and the conversation's messages),
-    with `store` what the response will keep, and the names of the custom tools offered."""
+    with `store` what the response will keep, and how the model's calls of the tools offered become items."""
     tools = req.offered_tools(history + own)
     chat = chat_request(req, history + own, store.item, tools)
+    names = CallNames(custom_tool_names(tools), flatten(tools)[1])
     if req.store is False:
-        return chat, None, custom_tool_names(tools)
+        return chat, None, names
     kept, kept_bytes = stored_items(own)
-    return chat, PendingResponse(history, history_bytes, kept, kept_bytes, body_bytes), custom_tool_names(tools)
+    return chat, PendingResponse(history, history_bytes, kept, kept_bytes, body_bytes), names
 
 
 def _save(saved: tuple[ResponseStore, PendingResponse] | None, body: dict[str, Any]) -> None:
@@ -158,7 +160,7 @@ def _with_id(item: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _events(gen: Generation, head: ResponseHead, saved: tuple[ResponseStore, PendingResponse] | None,
-                  custom_names: frozenset[str]) -> AsyncIterator[ServerSentEvent]:
+                  names: CallNames) -> AsyncIterator[ServerSentEvent]:
     numbers = itertools.count()
 
     def event(kind: str, fields: dict[str, Any]) -> ServerSentEvent:
@@ -167,7 +169,7 @@ async def _events(gen: Generation, head: ResponseHead, saved: tuple[ResponseStor
 
     yield event("response.created", {"response": head.body("in_progress", [])})
     yield event("response.in_progress", {"response": head.body("in_progress", [])})
-    items = OutputItems(custom_names)
+    items = OutputItems(names)
     try:
         async for piece in gen.pieces():
             for delta in gen.deltas(piece):

@@ -163,9 +163,9 @@ def fake_server() -> Iterator[Callable[..., FakeServer]]:
     running: list[FakeServer] = []
 
     def start(engine: FakeEngine | None = None, *, loader: Callable | None = None, max_queue: int = 4,
-              **server_fields: Any) -> FakeServer:
+              default_max_tokens: int = 64, **server_fields: Any) -> FakeServer:
         port = free_port()
-        engine_config = EngineConfig(limits=LimitsConfig(max_queue=max_queue, default_max_tokens=64))
+        engine_config = EngineConfig(limits=LimitsConfig(max_queue=max_queue, default_max_tokens=default_max_tokens))
         server_config = ServerConfig(port=port, **server_fields)
         if loader is not None:
             app = build_app(engine_config, server_config, loader=loader)

@@ -67,7 +67,8 @@ def test_a_codex_turn_with_its_tools_and_store_false(fake_server) -> None:
     call = next(item for item in final["output"] if item["type"] == "function_call")
     assert call["name"] == "exec_command" and json.loads(call["arguments"]) == {"cmd": "ls"}
     prompt = srv.engine.tokenizer.decode(srv.engine.requests[-1].prompt_ids)
-    assert '"name": "exec_command"' in prompt and "spawn_agent" not in prompt and '"name": "apply_patch"' in prompt
+    assert '"name": "exec_command"' in prompt and '"name": "multi_agent_v1__spawn_agent"' in prompt \
+        and '"name": "apply_patch"' in prompt
     assert prompt.index("You are a coding agent") < prompt.index("List files") and final["store"] is False
     # the next turn, as Codex sends it: the whole history again (store is false), the call and its output
     srv.engine.script_ids = srv.engine.tokenizer.encode("Two files.<|end|>", add_special_tokens=False)
