@@ -9,7 +9,8 @@ A generation request: parse (server/protocol.py) -> prompt ids and max tokens
 (server/prompt.py) -> `to_sampling_params` -> `Generation`, streamed (server/sse.py) or
 collected (server/generation.py). /v1/responses, /v1/messages (Anthropic) and /api/* (Ollama) map their
 bodies to chat or completion requests and take the same path (server/responses_api/,
-server/anthropic_api/, server/ollama_api/).
+server/anthropic_api/, server/ollama_api/). /tokenize and /detokenize answer from the tokenizer alone
+(server/tokenize_api/).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from server.shutdown import DrainGate
 from server.sse import stream_response
 from server.start import start_generations
 from server.state import EngineLoader, ServerState, default_loader
+from server.tokenize_api.routes import tokenize_router
 from server.webui import install_webui
 
 
@@ -93,6 +95,8 @@ def build_app(
     app.add_api_route("/infill", infill, methods=["POST"],  # llama.cpp's route (server/infill.py)
                       dependencies=[Depends(require_api_key), Depends(require_json)])
     app.include_router(ollama_router(), dependencies=[Depends(require_api_key)])  # /api/* (server/ollama_api/)
+    # llama.cpp's and vLLM's /tokenize and /detokenize (server/tokenize_api/)
+    app.include_router(tokenize_router(), dependencies=[Depends(require_api_key)])
     return app
 
 

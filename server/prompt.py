@@ -89,17 +89,22 @@ class PromptBuilder:
         return plan_tools(self.tools, request)
 
     def render_chat(self, messages: list[ChatMessage], plan: ToolPlan | HarmonyPlan | None = None,
-                    template_kwargs: dict[str, Any] | None = None) -> str:
+                    template_kwargs: dict[str, Any] | None = None, *, generation_prompt: bool = True,
+                    continue_final: bool = False) -> str:
         """The prompt text; with a tool plan, the tools rendered; `template_kwargs`: a request's
-        `chat_template_kwargs`, extra template variables (such as `enable_thinking`)."""
+        `chat_template_kwargs`, extra template variables (such as `enable_thinking`). `generation_prompt`
+        and `continue_final`: the template's add_generation_prompt and continue_final_message (the chat
+        endpoint's are true and false; /tokenize takes vLLM's fields)."""
         tools = {"tools": plan.tools} if plan is not None and plan.tools is not None else {}
         extra = check_template_kwargs(template_kwargs)
+        if continue_final:
+            extra["continue_final_message"] = True
         turns = (harmony_conversation(messages) if self.harmony_drop_ids is not None
                  else with_reasoning(conversation(messages, self.tools.format), messages))
         try:
             text = self.tokenizer.apply_chat_template(
                 turns, chat_template=self.chat_template,
-                add_generation_prompt=True, tokenize=False, **extra, **tools,
+                add_generation_prompt=generation_prompt, tokenize=False, **extra, **tools,
             )
         except (jinja2.TemplateError, TypeError, ValueError) as exc:
             # the template's own raise_exception, or its expressions failing on these messages (a string
@@ -118,20 +123,21 @@ class PromptBuilder:
 
     def prompt_ids(self, request: SamplingRequest, plan: ToolPlan | HarmonyPlan | None = None) -> list[int]:
         if isinstance(request, ChatCompletionRequest):
-            kwargs = request.chat_template_kwargs
-            if request.reasoning_effort is not None:  # a template variable (GPT-OSS's template reads it)
-                kwargs = {"reasoning_effort": request.reasoning_effort} | (kwargs or {})
-            return self.chat_ids(request.messages, plan, kwargs)
+            return self.chat_ids(request.messages, plan, template_variables(request))
         assert isinstance(request, CompletionRequest)
         return self.completion_ids(request)
 
     def chat_ids(self, messages: list[ChatMessage], plan: ToolPlan | HarmonyPlan | None = None,
-                 template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                 template_kwargs: dict[str, Any] | None = None, *, generation_prompt: bool = True,
+                 continue_final: bool = False, add_special_tokens: bool = False, fit: bool = True) -> list[int]:
+        """The chat prompt's ids (`render_chat`'s options); `fit`: a prompt that fills the context is refused
+        as soon as its length is known (/tokenize counts it instead)."""
         self.check_num_chars(chat_chars(messages, plan), "messages")  # before the template renders it all
-        text = self.render_chat(messages, plan, template_kwargs)
+        text = self.render_chat(messages, plan, template_kwargs, generation_prompt=generation_prompt,
+                                continue_final=continue_final)
         self.check_chars(text, "messages")
         # the template spells out special tokens (BOS etc.) itself
-        return self.encode(text, False, "messages")
+        return self.encode(text, add_special_tokens, "messages", fit=fit)
 
     def completion_ids(self, request: CompletionRequest) -> list[int]:
         value = request.prompt
@@ -145,16 +151,16 @@ class PromptBuilder:
         check_token_ids(value, self.vocab_size, "prompt")
         return list(value)
 
-    def encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool, param: str, *, fit: bool = True) -> list[int]:
         """`tokenizer.encode(text)`; with a fast tokenizer (no truncation or padding set), its Rust
-        tokenizer is called directly: it lets go of the interpreter lock while it encodes, and a prompt
-        longer than the context is refused before its ids are made into a Python list (which holds the
-        lock: 0.2 s for 1.5M tokens)."""
+        tokenizer is called directly: it lets go of the interpreter lock while it encodes, and with `fit` a
+        prompt longer than the context is refused before its ids are made into a Python list (which holds
+        the lock: 0.2 s for 1.5M tokens)."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is None or backend.truncation is not None or backend.padding is not None:
             return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
         encoding = backend.encode_batch([text], add_special_tokens=add_special_tokens)[0]
-        if len(encoding) >= self.max_context:
+        if fit and len(encoding) >= self.max_context:
             raise self.fills_context(len(encoding), param)
         return encoding.ids
 
@@ -248,6 +254,15 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
 })
 REASONING_TAIL = 16  # prompt tokens decoded to see whether the generation prompt opened <think>
+
+
+def template_variables(request: ChatCompletionRequest) -> dict[str, Any] | None:
+    """A chat request's extra template variables: `chat_template_kwargs`, and `reasoning_effort` (GPT-OSS's
+    template reads it; chat_template_kwargs' own wins)."""
+    kwargs = request.chat_template_kwargs
+    if request.reasoning_effort is not None:
+        kwargs = {"reasoning_effort": request.reasoning_effort} | (kwargs or {})
+    return kwargs
 
 
 def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
