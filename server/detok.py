@@ -139,13 +139,18 @@ class TextStream:
         if self._stop.matched is None:
             self._stop.matched = ""
 
-    def feed(self, token_ids: Sequence[int]) -> str:
+    def feed(self, token_ids: Sequence[int], texts: list[str] | None = None) -> str:
+        """The safe text of `token_ids`; `texts`, when given, gets each consumed token's own decoded text
+        (before stop strings are looked for; "" while a character is incomplete or for a dropped token)."""
         out: list[str] = []
         for token_id in token_ids:
             if self.stopped:
                 break
             self.num_tokens += 1
-            out.append(self._stop.feed(self._detok.add(token_id)))
+            text = self._detok.add(token_id)
+            if texts is not None:
+                texts.append(text)
+            out.append(self._stop.feed(text))
         return "".join(out)
 
     def finish(self) -> str:

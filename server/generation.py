@@ -35,6 +35,7 @@ from server.logprobs import LogprobFormat
 from server.metrics import Metrics
 from server.preparation import Lane
 from server.reasoning import ReasoningSplitter
+from server.reasoning_tokens import reasoning_tokens
 from server.responses import Envelope
 from server.toolcalls.output import Delta, ToolOutput
 from server.trace import StepTrace
@@ -58,6 +59,7 @@ class Generation:
         # channels: reasoning, content and calls (server/harmony_output.py)
         self.tools = tools
         self.reasoning = reasoning  # None: no reasoning block to read apart; else server/reasoning.py
+        self._reasoning_tokens = reasoning_tokens(reasoning, tools)  # None: no reasoning to count
         self.trace = trace  # None: not asked for; else the speculation trace (server/trace.py)
         self.text = text
         self.metrics = metrics
@@ -121,6 +123,12 @@ class Generation:
     def completion_tokens(self) -> int:
         return self.text.num_tokens
 
+    @property
+    def num_reasoning_tokens(self) -> int | None:
+        """Of `completion_tokens`, those of the reasoning (server/reasoning_tokens.py); None: the output
+        has no reasoning read apart (no think tags nor harmony, --reasoning-format none, completions)."""
+        return None if self._reasoning_tokens is None else self._reasoning_tokens.num_tokens
+
     async def pieces(self) -> AsyncIterator[str]:
         """Yield text pieces; afterwards `finish_reason` and `totals` are set. Aborts if left early."""
         try:
@@ -140,7 +148,7 @@ class Generation:
                 self.totals = delta.totals
             was_stopped = self.text.stopped
             consumed = self.text.num_tokens
-            piece = self.text.feed(delta.token_ids)
+            piece = self._feed_text(delta.token_ids)
             self._keep_logprobs(delta, self.text.num_tokens - consumed)
             if not was_stopped:
                 self._count_step(delta, self.text.num_tokens - consumed)
@@ -154,6 +162,16 @@ class Generation:
                     yield tail
                 return
         raise GenerationFailed("the engine stream ended without a final delta")
+
+    def _feed_text(self, token_ids: list[int]) -> str:
+        """The text of a delta's tokens; each token's own text also goes to the reasoning count."""
+        if self._reasoning_tokens is None:
+            return self.text.feed(token_ids)
+        texts: list[str] = []
+        piece = self.text.feed(token_ids, texts)
+        for text in texts:
+            self._reasoning_tokens.feed(text)
+        return piece
 
     def _keep_logprobs(self, delta: TokenDelta, num_consumed: int) -> None:
         """The logprobs of the tokens the text consumed (up to a stop string's last token), except
@@ -284,12 +302,18 @@ async def collect_texts(request: HTTPRequest, gens: list[Generation], response_i
 
 def choices_usage(gens: list[Generation]) -> dict[str, Any]:
     """The response's usage: the prompt counted once (as OpenAI does for n > 1), completions summed;
-    prompt_tokens_details.cached_tokens: prompt tokens the prefix cache served (the first choice's)."""
+    prompt_tokens_details.cached_tokens: prompt tokens the prefix cache served (the first choice's);
+    completion_tokens_details.reasoning_tokens: their reasoning tokens (server/reasoning_tokens.py)."""
     prompt_tokens = gens[0].prompt_tokens
     completion_tokens = sum(gen.completion_tokens for gen in gens)
     cached = gens[0].totals.cached_tokens if gens[0].totals is not None else 0
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                             "total_tokens": prompt_tokens + completion_tokens,
+                             "prompt_tokens_details": {"cached_tokens": cached}}
+    reasoning = [gen.num_reasoning_tokens for gen in gens if gen.num_reasoning_tokens is not None]
+    if reasoning:  # a model that reasons (OpenAI's and vLLM's field); absent otherwise, as before
+        usage["completion_tokens_details"] = {"reasoning_tokens": sum(reasoning)}
+    return usage
 
 
 def choices_timings(gens: list[Generation]) -> dict[str, Any]:

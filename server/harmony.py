@@ -107,6 +107,14 @@ class HarmonyReader:
         self._body_started = False  # the current body has text
         self._events: list[Event] = []
 
+    @property
+    def position(self) -> str:
+        """Where the text read next goes: "reasoning" (an analysis body), "content" (any other body, calls
+        included), or "open" (a header, or between messages: the next message's kind is not known yet)."""
+        if self._state is State.BODY:
+            return "reasoning" if self._kind == "reasoning" else "content"
+        return "content" if self._state is State.PLAIN else "open"
+
     def feed(self, text: str) -> list[Event]:
         buffer, self._held = self._held + text, ""
         while buffer:

@@ -68,6 +68,7 @@ def plan_harmony(request: ChatCompletionRequest, drop_ids: frozenset[int], *, to
 class HarmonyOutput:
     def __init__(self, *, calls: bool, eager: bool, max_calls: int | None = None, reasoning: bool = True):
         self._reader = HarmonyReader(reasoning=reasoning)
+        self.reasoning = reasoning  # False (--reasoning-format none): analysis is content
         self._calls = calls  # False: no tools in the request; a call's arguments are content
         self._eager = eager
         self._max_calls = max_calls

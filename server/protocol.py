@@ -24,6 +24,7 @@ from engine.types import (
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
 from server.json_pieces import PieceError, validate_in_pieces
+from server.tool_images import IMAGE_NOTE, IMAGE_PART, log_omitted
 from server.trace import SpecexecOptions
 
 MAX_STOP_STRINGS = 32
@@ -341,12 +342,16 @@ def _check_chat(request: ChatCompletionRequest) -> None:
     _check_tool_choice(request)
     if request.functions:
         raise unsupported("functions", "Function calling is not supported by this server.")
+    num_images = 0  # in tool messages: each is rendered as a note (server/tool_images.py)
     for i, message in enumerate(request.messages):
         if isinstance(message.content, list):
             for j, part in enumerate(message.content):
-                if part.type != "text" or part.text is None:
+                if part.type == IMAGE_PART and message.role == "tool":
+                    num_images += 1
+                elif part.type != "text" or part.text is None:
                     raise unsupported(f"messages[{i}].content[{j}]",
                                       f"Only text content parts are supported, got type '{part.type}'.")
+    log_omitted(num_images)
 
 
 def _check_structured_output(request: SamplingRequest) -> None:
@@ -396,8 +401,9 @@ def check_token_ids(token_ids: Sequence[int], vocab_size: int, param: str) -> No
 
 
 def message_text(message: ChatMessage) -> str:
+    """A message's content as text: its parts joined by newlines, an image (in a tool message) as a note."""
     if message.content is None:
         return ""
     if isinstance(message.content, str):
         return message.content
-    return "\n".join(part.text or "" for part in message.content)
+    return "\n".join(IMAGE_NOTE if part.type == IMAGE_PART else part.text or "" for part in message.content)

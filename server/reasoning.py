@@ -64,11 +64,19 @@ def _prefix_len(buffer: str, tag: str) -> int:
 
 class ReasoningSplitter:
     def __init__(self, *, inside: bool = False):
+        self.inside = inside  # the output starts inside the block (the generation prompt opened it)
         self._state = State.INSIDE if inside else State.START
         self.saw_block = inside  # a reasoning block was opened (so the reply has a reasoning field)
         self._started = False  # reasoning text seen (its leading whitespace is dropped)
         self._held = ""
         self._parts: list[Part] = []
+
+    @property
+    def position(self) -> str:
+        """Where the text read next goes: "reasoning", "content", or "open" (a block may still open)."""
+        if self._state is State.START:
+            return "open"
+        return "reasoning" if self._state is State.INSIDE else "content"
 
     def feed(self, text: str) -> list[Part]:
         buffer, self._held = self._held + text, ""

@@ -3,7 +3,8 @@
 Fields (Anthropic's Messages API): `model`, `max_tokens`, `messages` (user and assistant turns whose
 content is a string or blocks: `text`, `tool_use` (assistant), `tool_result` (user); `thinking` blocks
 of past turns become the turn's `reasoning_content` (only harmony templates read it:
-server/harmony_output.py), `redacted_thinking` blocks are skipped; images and documents are 400s), `system` (a
+server/harmony_output.py), `redacted_thinking` blocks are skipped; an `image` in a `tool_result` is a note
+in the prompt (server/tool_images.py); other images and documents are 400s), `system` (a
 string or text blocks), `stop_sequences`, `temperature` (0..1), `top_p`, `top_k`, `tools` (custom
 tools: `name`, `description`, `input_schema`), `tool_choice` (`auto`, `any`, `tool` with `name`,
 `none`; `disable_parallel_tool_use`), `stream`, `metadata`, `thinking`; our extras `seed`, `min_p`.
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
 from server.protocol import ChatCompletionRequest, validated_as
+from server.tool_images import image_part
 
 log = logging.getLogger("specexec.server")
 
@@ -198,12 +200,17 @@ def _tool_result(block: Block, param: str) -> Message:
     content = block.get("content")
     if content is None or isinstance(content, str):
         return {"role": "tool", "tool_call_id": call_id, "content": content or ""}
-    texts = []
+    parts: list[Block] = []
     for k, part in enumerate(_blocks(content, f"{param}.content")):
-        if part["type"] != "text":
+        if part["type"] == "image":  # Claude Code's Read of an image file: a note (server/tool_images.py)
+            parts.append(image_part())
+        elif part["type"] == "text":
+            parts.append({"type": "text", "text": _text(part, f"{param}.content[{k}]")})
+        else:
             raise _not_supported(part, f"{param}.content[{k}]")
-        texts.append(_text(part, f"{param}.content[{k}]"))
-    return {"role": "tool", "tool_call_id": call_id, "content": "\n".join(texts)}
+    if any(part["type"] != "text" for part in parts):
+        return {"role": "tool", "tool_call_id": call_id, "content": parts}
+    return {"role": "tool", "tool_call_id": call_id, "content": "\n".join(part["text"] for part in parts)}
 
 
 def _assistant_turn(blocks: list[Block], param: str) -> Message:

@@ -19,7 +19,8 @@
   `repeat_penalty`, `presence_penalty`, `frequency_penalty`; `num_ctx` is accepted (the context is the
   server's, --max-context); `typical_p` other than 1 and `mirostat` other than 0 are 400s (not
   implemented); the loading options (`num_gpu`, `num_thread`, `num_batch`, `use_mmap`, ...) are ignored.
-- Accepted and ignored: `keep_alive` (the model stays loaded), `truncate`, `shift`. Images, `template`, `context` and `logprobs` are 400s.
+- Accepted and ignored: `keep_alive` (the model stays loaded), `truncate`, `shift`. Images (but a `tool` message's: notes,
+  server/tool_images.py), `template`, `context` and `logprobs` are 400s.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from engine.types import REPETITION_PENALTY_RANGE
 from server.errors import invalid_request, unsupported
 from server.json_body import load_json_object
 from server.protocol import ChatCompletionRequest, CompletionRequest, validated_as
+from server.tool_images import image_part
 
 FILL_CONTEXT = (-1, -2)  # num_predict: generate until the context is full
 THINK_LEVELS = ("low", "medium", "high")  # `think` as a string (GPT-OSS's reasoning levels)
@@ -176,9 +178,13 @@ def generate_request(request: GenerateRequest, max_context: int) -> ChatCompleti
 
 
 def _chat_message(message: Message, index: int) -> dict[str, Any]:
-    if message.images:
+    role = message.role.lower()
+    if message.images and role != "tool":  # a tool's images are notes (server/tool_images.py)
         raise unsupported(f"messages[{index}].images", "Images are not supported by this server.")
-    out: dict[str, Any] = {"role": message.role.lower(), "content": message.content or ""}
+    out: dict[str, Any] = {"role": role, "content": message.content or ""}
+    if message.images:
+        text = [{"type": "text", "text": out["content"]}] if out["content"] else []
+        out["content"] = text + [image_part() for _ in message.images]
     if message.tool_calls:
         out["tool_calls"] = [{"id": call.id or f"call_{index}_{j}", "type": "function",
                               "function": {"name": call.function.name, "arguments": call.function.arguments}}

@@ -3,7 +3,8 @@
 Rendered: `message` (role user / assistant / system / developer as system; text parts), `function_call`,
 `custom_tool_call` (arguments `{"input": ...}`: server/responses_api/custom_tools.py) and `local_shell_call`
 (a call of `local_shell` with its action as arguments) as the calls of an assistant message (joining the
-assistant message before them, or starting one), their `*_output` items as tool messages, `reasoning` (its
+assistant message before them, or starting one), their `*_output` items as tool messages (an `input_image` in
+an output, as Codex's view_image sends, is a note in the prompt: server/tool_images.py), `reasoning` (its
 `reasoning_text` content, else its summary) as the `reasoning_content` of the assistant turn it precedes
 (templates that render past reasoning, such as Qwen3's, show it; others leave it out; reasoning followed by
 no assistant turn is dropped; `encrypted_content` cannot be read here and is ignored), and Codex's
@@ -29,12 +30,14 @@ from typing import Any
 from server.errors import invalid_request, unsupported
 from server.responses_api.custom_tools import call_arguments
 from server.responses_api.namespaces import call_name
+from server.tool_images import image_part
 
 log = logging.getLogger("specexec.server")
 
 Item = dict[str, Any]
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 OPAQUE_PARTS = ("encrypted_content",)  # parts nothing here can read: left out of the text
+IMAGE_INPUT = "input_image"  # in a tool's output: a note in the prompt (server/tool_images.py); elsewhere a 400
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 CALLS = ("function_call", "custom_tool_call", "local_shell_call")
 OUTPUTS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
@@ -68,7 +71,7 @@ def chat_messages(items: list[Item], lookup: Callable[[str], Item | None]) -> li
         elif kind in OUTPUTS:
             reasoning.clear()
             messages.append({"role": "tool", "tool_call_id": _output_call_id(item, kind, i),
-                             "content": _text(item.get("output"), f"input[{i}].output")})
+                             "content": _output(item.get("output"), f"input[{i}].output")})
         elif kind == "agent_message":
             reasoning.clear()
             messages.append({"role": "user", "content": _agent_text(item, i)})
@@ -180,12 +183,34 @@ def _text(content: Any, param: str) -> str:
         return content or ""
     if not isinstance(content, list):
         return json.dumps(content, ensure_ascii=False)
-    texts = []
+    return "".join(_part_text(part, f"{param}[{j}]") for j, part in enumerate(content))
+
+
+def _output(content: Any, param: str) -> str | list[Item]:
+    """A tool's output: as `_text`, or with images (Codex's view_image: `input_image` parts) chat parts, an
+    image part in each image's place (server/tool_images.py), the text between images one text part."""
+    if not isinstance(content, list) or not any(_is_image(part) for part in content):
+        return _text(content, param)
+    parts: list[Item] = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in OPAQUE_PARTS:
-            continue
-        if kind not in TEXT_PARTS and kind != "refusal":
-            raise unsupported(f"{param}[{j}]", f"Only text content is supported, got {kind!r}.")
-        texts.append(part.get("text") or part.get("refusal") or "")
-    return "".join(texts)
+        if _is_image(part):
+            parts.append(image_part())
+        elif parts and parts[-1]["type"] == "text":
+            parts[-1]["text"] += _part_text(part, f"{param}[{j}]")
+        else:
+            parts.append({"type": "text", "text": _part_text(part, f"{param}[{j}]")})
+    return parts
+
+
+def _is_image(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == IMAGE_INPUT
+
+
+def _part_text(part: Any, param: str) -> str:
+    """A text part's text; "" for an opaque part; any other part is a 400 naming it."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in OPAQUE_PARTS:
+        return ""
+    if kind not in TEXT_PARTS and kind != "refusal":
+        raise unsupported(param, f"Only text content is supported, got {kind!r}.")
+    return part.get("text") or part.get("refusal") or ""

@@ -254,7 +254,10 @@ def response_fields(request: Any, tools: list[dict[str, Any]]) -> dict[str, Any]
     }
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+          reasoning_tokens: int) -> dict[str, Any]:
+    """`reasoning_tokens`: of the output tokens, the reasoning's (server/reasoning_tokens.py; Codex shows it)."""
     return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
-            "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": prompt_tokens + completion_tokens}

@@ -117,8 +117,8 @@ def _incomplete(gen: Generation) -> bool:
 
 def _final(head: ResponseHead, gen: Generation, items: OutputItems, incomplete: bool) -> dict[str, Any]:
     cached = gen.totals.cached_tokens if gen.totals is not None else 0
-    return head.body("incomplete" if incomplete else "completed", items.items,
-                     usage(gen.prompt_tokens, gen.completion_tokens, cached), incomplete=incomplete,
+    counts = usage(gen.prompt_tokens, gen.completion_tokens, cached, gen.num_reasoning_tokens or 0)
+    return head.body("incomplete" if incomplete else "completed", items.items, counts, incomplete=incomplete,
                      timings=gen.timings())
 
 
