@@ -35,6 +35,22 @@ JSON_WHITESPACE: tuple[str, ...] = ("compact", "free")
 
 
 @dataclass(frozen=True)
+class ReasoningBlock:
+    """A reasoning block the output may begin with before its constrained part (a reasoning model's
+    `<think> ... </think>`): optional whitespace, `open`, any text without `close`, `close`, optional
+    whitespace; then the grammar's own output. `opened`: the prompt already opened the block, so the
+    output begins inside it (any text, `close`, then the rest) and the block is not optional."""
+
+    open: str = "<think>"
+    close: str = "</think>"
+    opened: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.open or not self.close:
+            raise StructuredOutputError("a reasoning block needs both its open and close tags")
+
+
+@dataclass(frozen=True)
 class StructuredOutput:
     """Output constrained by a grammar: any JSON object (json_object), JSON valid under a JSON schema
     (json_schema; `spec` is the schema as JSON text), text matching a regular expression (regex;
@@ -49,12 +65,17 @@ class StructuredOutput:
     `json_whitespace` (JSON: json_object, json_schema, and the JSON schemas of a structural tag):
     "compact", the separators ", " and ": " and no other whitespace between elements (as json.dumps
     and the chat templates print JSON: a model cannot spend its tokens on whitespace); "free", any
-    whitespace between elements, at most 16 characters per gap."""
+    whitespace between elements, at most 16 characters per gap.
+
+    `reasoning`: a reasoning block the output may begin with (its tags read as their text, as
+    `special_tokens` are); the grammar then applies after it, as vLLM applies structured outputs
+    after a reasoning parser's block. None: the grammar applies from the first token."""
 
     kind: StructuredOutputKind
     spec: str = ""  # "" for json_object
     special_tokens: tuple[str, ...] = ()
     json_whitespace: str = "compact"
+    reasoning: ReasoningBlock | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_OUTPUT_KINDS:

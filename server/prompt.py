@@ -22,7 +22,7 @@ from server.protocol import (
     check_token_ids,
     message_text,
 )
-from server.reasoning import ReasoningSplitter, has_think_tags, prompt_opens_reasoning
+from server.reasoning import Opening, has_think_tags, prompt_reasoning
 from server.toolcalls.detect import ToolSupport
 from server.toolcalls.plan import ToolPlan, plan_tools
 from server.toolcalls.render import conversation
@@ -114,12 +114,14 @@ class PromptBuilder:
                                   "messages") from None
         return text
 
-    def reasoning_splitter(self, request: SamplingRequest, prompt_ids: list[int]) -> ReasoningSplitter | None:
-        """A chat reply's reasoning reader (server/reasoning.py); None: all of it is content. It starts
-        inside the block when the generation prompt opened `<think>` itself."""
+    def reasoning_opening(self, request: SamplingRequest, prompt_ids: list[int]) -> Opening | None:
+        """How a chat reply's `<think>` block may begin (server/reasoning.py): inside it when the generation
+        prompt opened `<think>` itself, off when the prompt closed an empty block or the request sent
+        `enable_thinking: false`; None: the reply's reasoning is not read apart (all of it is content)."""
         if not self.reasoning or not isinstance(request, ChatCompletionRequest):
             return None
-        return ReasoningSplitter(inside=prompt_opens_reasoning(self.tokenizer.decode(prompt_ids[-REASONING_TAIL:])))
+        thinking = (request.chat_template_kwargs or {}).get("enable_thinking") is not False
+        return prompt_reasoning(self.tokenizer.decode(prompt_ids[-REASONING_TAIL:]), thinking)
 
     def prompt_ids(self, request: SamplingRequest, plan: ToolPlan | HarmonyPlan | None = None) -> list[int]:
         if isinstance(request, ChatCompletionRequest):

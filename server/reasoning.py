@@ -10,12 +10,22 @@ it (as the tool-call reader holds a marker's start: server/toolcalls/stream.py);
 inside the block leaves all of it reasoning. Content then goes on to the tool-call reader, if any.
 
 Detection (`has_think_tags`): the chat template, or the tokenizer's added tokens, spell both tags.
+
+Structured output (`reasoning_first`): a request's grammar (response_format, guided_*, Ollama's `format`,
+the Responses API's `text.format`, the tool calls' grammar) applies after the block, as vLLM applies
+structured outputs after its reasoning parser: the model thinks, then answers under the grammar. How the
+generation prompt leaves the block (`prompt_reasoning`) says whether the block is optional (the model may
+answer at once), already open, or off (an empty block closed by the template: Qwen3's
+`enable_thinking: false`; or the request asked for no thinking): then the grammar applies from the start.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from enum import Enum
 from typing import Any
+
+from engine.types import ReasoningBlock, StructuredOutput
 
 OPEN = "<think>"
 CLOSE = "</think>"
@@ -45,6 +55,30 @@ def names_all(chat_template: Any, tokenizer: Any, tags: tuple[str, ...]) -> bool
 def prompt_opens_reasoning(prompt_text: str) -> bool:
     """Whether the generation prompt ends with an open `<think>` (the output then starts inside it)."""
     return prompt_text.rstrip(WHITESPACE).endswith(OPEN)
+
+
+class Opening(Enum):
+    """How a reply's reasoning block may begin, from the generation prompt."""
+
+    FREE = "free"  # the output may open a block (or answer at once)
+    OPENED = "opened"  # the prompt opened `<think>`: the output starts inside the block
+    OFF = "off"  # no thinking: the prompt closed an empty block, or the request turned thinking off
+
+
+def prompt_reasoning(prompt_text: str, thinking: bool = True) -> Opening:
+    """The opening of a reply to `prompt_text` (its end is enough); `thinking`: False where the request
+    turned thinking off (`enable_thinking: false`), which an open `<think>` in the prompt overrides."""
+    if prompt_opens_reasoning(prompt_text):
+        return Opening.OPENED
+    return Opening.OFF if prompt_text.rstrip(WHITESPACE).endswith(CLOSE) or not thinking else Opening.FREE
+
+
+def reasoning_first(spec: StructuredOutput, opening: Opening) -> StructuredOutput:
+    """`spec` applied after the reply's reasoning block: the block optional (FREE) or already open
+    (OPENED); with thinking OFF, `spec` as it is."""
+    if opening is Opening.OFF:
+        return spec
+    return dataclasses.replace(spec, reasoning=ReasoningBlock(OPEN, CLOSE, opened=opening is Opening.OPENED))
 
 
 class State(Enum):

@@ -17,6 +17,7 @@ from server.harmony_output import HarmonyPlan
 from server.logprobs import LogprobFormat, TokenTexts
 from server.preparation import Lane, PreparationTimeout
 from server.protocol import SamplingRequest
+from server.reasoning import Opening, ReasoningSplitter, reasoning_first
 from server.responses import Envelope
 from server.state import ServerState
 from server.toolcalls.plan import ToolPlan
@@ -38,9 +39,11 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
                             prompt.vocab_size)
     if plan is not None and plan.grammar is not None:  # the calls' grammar (with "auto", the reply's response_format too)
         params = dataclasses.replace(params, structured_output=plan.grammar)
-    if params.structured_output is not None:  # --json-whitespace
-        params = dataclasses.replace(params, structured_output=dataclasses.replace(
-            params.structured_output, json_whitespace=state.server_config.json_whitespace))
+    opening = prompt.reasoning_opening(req, prompt_ids)  # None: no <think> block to read apart
+    if params.structured_output is not None:  # --json-whitespace; a reasoning model thinks before the grammar
+        grammar = dataclasses.replace(params.structured_output, json_whitespace=state.server_config.json_whitespace)
+        params = dataclasses.replace(params, structured_output=grammar if opening is None
+                                     else reasoning_first(grammar, opening))
     await check_structured_output(state, req, plan, params.structured_output)
     if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
         params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)
@@ -55,7 +58,7 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
         text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=drop_ids)
         logprobs = None if texts is None else LogprobFormat(texts, chat)
         tools = None if plan is None else plan.output(eager=bool(req.stream))
-        reasoning = prompt.reasoning_splitter(req, prompt_ids)  # None: no <think> block to read apart
+        reasoning = None if opening is None else ReasoningSplitter(inside=opening is Opening.OPENED)
         trace = StepTrace(prompt.tokenizer, tree_method(speculation, method, choice), drop_ids) if traced else None
         engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice, method)
         return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,

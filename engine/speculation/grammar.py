@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.speculation.reasoning_prefix import reasoning_prefix
 from engine.speculation.sampling import BITS_PER_WORD, unpack_allowed
 from engine.speculation.schema_support import enforceable, enforceable_tag
 from engine.speculation.tree import Tree
@@ -86,7 +87,7 @@ class GrammarCache:
             if compiled is not None:
                 self._hold(spec, compiled)
                 return compiled
-            compiler = self._get_compiler(spec.special_tokens)
+            compiler = self._get_compiler(kept_tokens(spec))
             pending = self._compiling.get(spec)
             owner = pending is None
             if pending is None:
@@ -213,24 +214,44 @@ def compile_spec(compiler: xgrammar.GrammarCompiler, spec: StructuredOutput) -> 
     not name, as OpenAI's strict schemas require; every such output is valid under the schema);
     structural_tag: as given, each of its JSON schemas checked and rewritten as a json_schema spec is
     (engine/speculation/schema_support.py). JSON whitespace as `spec.json_whitespace` says: compact (a
-    structural tag's JSON schemas become grammars of compact JSON) or free."""
-    compact = spec.json_whitespace == "compact"
-    json_format = {"any_whitespace": False, "separators": JSON_SEPARATORS} if compact else {
-        "any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    structural tag's JSON schemas become grammars of compact JSON) or free. With `spec.reasoning`, the
+    reasoning block's grammar (engine/speculation/reasoning_prefix.py) comes first, then that one."""
+    import xgrammar
+
     try:
-        if spec.kind == "json_object":
-            return compiler.compile_json_schema('{"type": "object"}', strict_mode=False, **json_format)
-        if spec.kind == "json_schema":
-            schema = enforceable(json.loads(spec.spec))  # not JSON: a clearer message than the compiler's
-            return compiler.compile_json_schema(json.dumps(schema), strict_mode=True, **json_format)
-        if spec.kind == "structural_tag":
-            tag = enforceable_tag(json.loads(spec.spec))
-            return compiler.compile_structural_tag(json.dumps(compact_json_tag(tag) if compact else tag))
-        return compiler.compile_regex(spec.spec)
+        if spec.reasoning is None:
+            return build_grammar(spec, compiler.compile_json_schema, compiler.compile_structural_tag,
+                                 compiler.compile_regex)
+        grammar = build_grammar(spec, xgrammar.Grammar.from_json_schema, xgrammar.Grammar.from_structural_tag,
+                                xgrammar.Grammar.from_regex)
+        return compiler.compile_grammar(xgrammar.Grammar.concat(reasoning_prefix(spec.reasoning), grammar))
     except StructuredOutputError:
         raise
     except (RuntimeError, ValueError) as exc:
         raise compile_error(spec, exc) from None
+
+
+def build_grammar(spec: StructuredOutput, from_schema: Callable[..., Any], from_tag: Callable[[str], Any],
+                  from_regex: Callable[[str], Any]) -> Any:
+    """`spec`'s grammar made by xgrammar's makers (a compiler's `compile_*`, or `Grammar.from_*`)."""
+    compact = spec.json_whitespace == "compact"
+    json_format = {"any_whitespace": False, "separators": JSON_SEPARATORS} if compact else {
+        "any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    if spec.kind == "json_object":
+        return from_schema('{"type": "object"}', strict_mode=False, **json_format)
+    if spec.kind == "json_schema":
+        schema = enforceable(json.loads(spec.spec))  # not JSON: a clearer message than the compiler's
+        return from_schema(json.dumps(schema), strict_mode=True, **json_format)
+    if spec.kind == "structural_tag":
+        tag = enforceable_tag(json.loads(spec.spec))
+        return from_tag(json.dumps(compact_json_tag(tag) if compact else tag))
+    return from_regex(spec.spec)
+
+
+def kept_tokens(spec: StructuredOutput) -> tuple[str, ...]:
+    """The special tokens `spec`'s grammar reads as their text: its own, and its reasoning block's tags."""
+    block = spec.reasoning
+    return spec.special_tokens if block is None else (*spec.special_tokens, block.open, block.close)
 
 
 def compact_json_tag(tag: Any) -> Any:
