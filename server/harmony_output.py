@@ -20,11 +20,13 @@ the template takes thinking or content, not both, so the content is left out the
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from engine.types import ReasoningBlock, StructuredOutput
 from server.errors import unsupported
-from server.harmony import MARKERS, HarmonyReader
+from server.harmony import CHANNEL, END, MARKERS, MESSAGE, START, HarmonyReader
 from server.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from server.toolcalls.detect import special_ids
 from server.toolcalls.output import Delta, collect, new_call_id
@@ -43,6 +45,19 @@ class HarmonyPlan:
         """A reader of one choice's output (eager: streamed)."""
         return HarmonyOutput(calls=self.tools is not None, eager=eager, max_calls=self.max_calls,
                              reasoning=self.reasoning)
+
+
+# a structured reply's reasoning: the analysis message, then the final message's header
+ANALYSIS_BLOCK = ReasoningBlock(f"{CHANNEL}analysis{MESSAGE}", f"{END}{START}assistant{CHANNEL}final{MESSAGE}")
+
+
+def analysis_first(spec: StructuredOutput) -> StructuredOutput:
+    """`spec` for the final channel of a harmony reply: the analysis message may come first (GPT-OSS reasons,
+    then answers under the grammar, as vLLM serves it), then the final header; without it, the output is
+    `spec`'s alone (a reply with no header is read as content). The markers stay tokens of their text for
+    the grammar (engine.types.StructuredOutput.special_tokens)."""
+    markers = tuple(dict.fromkeys((*spec.special_tokens, START, END, MESSAGE, CHANNEL)))
+    return dataclasses.replace(spec, special_tokens=markers, reasoning=ANALYSIS_BLOCK)
 
 
 def harmony_drop_ids(tokenizer: Any) -> frozenset[int]:

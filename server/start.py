@@ -13,7 +13,7 @@ from server.choices import choice_request_id, start_choices
 from server.detok import TextStream
 from server.errors import invalid_request
 from server.generation import Generation
-from server.harmony_output import HarmonyPlan
+from server.harmony_output import HarmonyPlan, analysis_first
 from server.logprobs import LogprobFormat, TokenTexts
 from server.preparation import Lane, PreparationTimeout
 from server.protocol import SamplingRequest
@@ -42,8 +42,11 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
     opening = prompt.reasoning_opening(req, prompt_ids)  # None: no <think> block to read apart
     if params.structured_output is not None:  # --json-whitespace; a reasoning model thinks before the grammar
         grammar = dataclasses.replace(params.structured_output, json_whitespace=state.server_config.json_whitespace)
-        params = dataclasses.replace(params, structured_output=grammar if opening is None
-                                     else reasoning_first(grammar, opening))
+        if isinstance(plan, HarmonyPlan) and plan.reasoning:  # GPT-OSS: its analysis, then the final answer
+            grammar = analysis_first(grammar)
+        elif opening is not None:
+            grammar = reasoning_first(grammar, opening)
+        params = dataclasses.replace(params, structured_output=grammar)
     await check_structured_output(state, req, plan, params.structured_output)
     if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
         params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + fim_stops)
