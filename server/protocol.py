@@ -265,7 +265,11 @@ RequestT = TypeVar("RequestT", bound=SamplingRequest)
 
 def parse_request(raw: bytes, cls: type[RequestT]) -> RequestT:
     """JSON bytes -> validated request, or a 400 naming the offending field."""
-    body = load_json_object(raw)
+    return validate_request(load_json_object(raw), cls)
+
+
+def validate_request(body: dict[str, Any], cls: type[RequestT]) -> RequestT:
+    """A parsed JSON body -> validated request, or a 400 naming the offending field."""
     try:
         request = validate_in_pieces(cls, body)
     except ValidationError as exc:

@@ -18,8 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from server.errors import APIError, invalid_request
 from server.json_body import load_json_object
-from server.json_pieces import PieceError, validate_in_pieces
-from server.protocol import ChatCompletionRequest, check_supported, field_error, validation_error
+from server.protocol import ChatCompletionRequest, validate_request
 
 TEXT_FIELDS = ("content", "prompt", "messages")  # llama.cpp's, vLLM's text, vLLM's chat
 
@@ -83,14 +82,8 @@ def parse_detokenize(raw: bytes) -> Detokenize:
 
 
 def _chat(body: dict[str, Any]) -> ChatTokenize:
-    """Validated as /v1/chat/completions validates its body (server/protocol.py `parse_request`)."""
-    try:
-        request = validate_in_pieces(ChatTokenize, body)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
-    except PieceError as exc:
-        raise field_error(exc.error) from None
-    check_supported(request)
+    """Validated as /v1/chat/completions validates its body (server/protocol.py `validate_request`)."""
+    request = validate_request(body, ChatTokenize)
     if request.continue_final_message and request.add_generation_prompt:
         raise invalid_request("Cannot set both 'continue_final_message' and 'add_generation_prompt' to true.",
                               "continue_final_message", "invalid_value")
