@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.config import require
 
@@ -18,6 +19,13 @@ TOOL_PARSERS = ("auto", "hermes", "qwen3_coder", "llama3_json", "mistral", "none
 API_KEY_ENV = "SPECEXEC_API_KEY"
 GENERATION_CONFIG = ("auto", "none")  # where left-out sampling fields come from (server/sampling_defaults.py)
 JSON_WHITESPACE = ("compact", "free")  # whitespace in JSON under a grammar (engine.types.StructuredOutput)
+# apply_chat_template's own parameters and the variables the server sets: not a request's (or the
+# server's chat_template_kwargs) to pass
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,9 @@ class ServerConfig:
     # JSON written under a grammar (response_format, guided_json, tool-call arguments): compact (", " and
     # ": ", as chat templates print JSON), or free whitespace (at most 16 characters per gap)
     json_whitespace: str = "compact"
+    # template variables every chat request gets (llama.cpp's --chat-template-kwargs, vLLM's
+    # --default-chat-template-kwargs), e.g. {"enable_thinking": false}; a request's own win
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.cors_origins, list):
@@ -102,6 +113,11 @@ class ServerConfig:
         require(self.reasoning_format in REASONING_FORMATS, "server.reasoning_format",
                 f"must be one of {', '.join(REASONING_FORMATS)}")
         require(self.tool_parser in TOOL_PARSERS, "server.tool_parser", f"must be one of {', '.join(TOOL_PARSERS)}")
+        kwargs = self.chat_template_kwargs
+        require(kwargs is None or (isinstance(kwargs, dict) and all(isinstance(k, str) and k for k in kwargs)),
+                "server.chat_template_kwargs", f"must be a JSON object of template variables, got {kwargs!r}")
+        require(not (RESERVED_TEMPLATE_KWARGS & set(kwargs or {})), "server.chat_template_kwargs",
+                f"cannot set {', '.join(sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs or {})))}: the server sets them")
         self._check_limits()
 
     def _check_limits(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import jinja2
 
 from engine.types import ContextLengthError
+from server.config import RESERVED_TEMPLATE_KWARGS
 from server.errors import APIError, context_length_error, invalid_request, unsupported
 from server.fim import FimFormat
 from server.harmony import speaks_harmony
@@ -52,8 +53,10 @@ class PromptBuilder:
         chat_template: str | None = None,
         tool_parser: str = "auto",
         reasoning_format: str = "auto",
+        template_kwargs: dict[str, Any] | None = None,
     ):
         self.tokenizer = tokenizer
+        self.default_template_kwargs = dict(template_kwargs or {})  # the server's --chat-template-kwargs
         self.max_context = max_context
         self.default_max_tokens = default_max_tokens
         self._validate = validate
@@ -120,12 +123,17 @@ class PromptBuilder:
         `enable_thinking: false`; None: the reply's reasoning is not read apart (all of it is content)."""
         if not self.reasoning or not isinstance(request, ChatCompletionRequest):
             return None
-        thinking = (request.chat_template_kwargs or {}).get("enable_thinking") is not False
+        thinking = (self.template_variables(request) or {}).get("enable_thinking") is not False
         return prompt_reasoning(self.tokenizer.decode(prompt_ids[-REASONING_TAIL:]), thinking)
+
+    def template_variables(self, request: ChatCompletionRequest) -> dict[str, Any] | None:
+        """The chat template's extra variables for `request`: the server's --chat-template-kwargs, then
+        the request's own (`template_variables` below), which win."""
+        return {**self.default_template_kwargs, **(template_variables(request) or {})} or None
 
     def prompt_ids(self, request: SamplingRequest, plan: ToolPlan | HarmonyPlan | None = None) -> list[int]:
         if isinstance(request, ChatCompletionRequest):
-            return self.chat_ids(request.messages, plan, template_variables(request))
+            return self.chat_ids(request.messages, plan, self.template_variables(request))
         assert isinstance(request, CompletionRequest)
         return self.completion_ids(request)
 
@@ -249,12 +257,6 @@ def longest_token_chars(tokenizer: Any) -> int:
     return max(map(len, tokenizer.get_vocab()), default=1)
 
 
-# apply_chat_template's own parameters and the variables the server sets: not a request's to pass
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
-    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-})
 REASONING_TAIL = 16  # prompt tokens decoded to see whether the generation prompt opened <think>
 
 

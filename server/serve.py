@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
 import signal
@@ -29,7 +30,7 @@ log = logging.getLogger("specexec.server")
 SERVER_FIELDS = ("host", "port", "webui", "api_key", "cors_origins", "chat_template", "tool_parser", "reasoning_format",
                  "served_model_name",
                  "ping_seconds", "log_level", "allowed_hosts", "read_timeout", "shutdown_timeout",
-                 "grammar_timeout", "generation_config", "json_whitespace", "max_connections")
+                 "grammar_timeout", "generation_config", "json_whitespace", "max_connections", "chat_template_kwargs")
 MIB = 2**20
 
 
@@ -45,6 +46,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cors-origins", default=None,
                        help="comma-separated browser origins allowed to call the API, or '*'")
     group.add_argument("--chat-template", default=None, help="Jinja file overriding the tokenizer's chat template")
+    group.add_argument("--chat-template-kwargs", "--default-chat-template-kwargs", dest="chat_template_kwargs",
+                       default=None, metavar="JSON",
+                       help="template variables every chat request gets, a JSON object (llama.cpp's flag; vLLM's "
+                            "name works too), e.g. '{\"enable_thinking\": false}' to turn Qwen3's thinking off for "
+                            "clients that cannot ask; a request's chat_template_kwargs win")
     group.add_argument("--tool-parser", default=None, choices=TOOL_PARSERS,
                        help="tool-call format of the model's output (default auto: recognised from the chat "
                             "template); none: tools are ignored and replies are plain text")
@@ -102,6 +108,12 @@ def server_config_from(args: argparse.Namespace | None, toml_section: dict | Non
     for name in ("cors_origins", "allowed_hosts"):
         if name in values and isinstance(values[name], str):
             values[name] = [o.strip() for o in values[name].split(",") if o.strip()]
+    if isinstance(values.get("chat_template_kwargs"), str):  # the flag's JSON text
+        try:
+            values["chat_template_kwargs"] = json.loads(values["chat_template_kwargs"])
+        except json.JSONDecodeError as exc:
+            raise ConfigError(flags.get("chat_template_kwargs", "server.chat_template_kwargs"),
+                              f"must be a JSON object, e.g. '{{\"enable_thinking\": false}}' ({exc})") from None
     if getattr(args, "max_body_mb", None) is not None:
         if args.max_body_mb * MIB < 1024:
             raise ConfigError("--max-body-mb", f"must be at least 0.001 (1 KiB), got {args.max_body_mb:g}")

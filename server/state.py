@@ -165,6 +165,7 @@ class ServerState:
             chat_template=self._chat_template,
             tool_parser=self.server_config.tool_parser,
             reasoning_format=self.server_config.reasoning_format,
+            template_kwargs=self.server_config.chat_template_kwargs,
         )
         max_queue = self.engine_config.limits.max_queue
         async_engine = AsyncEngine(engine, max_queue, on_delta=self.metrics.observe_delta,

@@ -148,7 +148,7 @@ def test_a_typo_under_server_is_reported_before_anything_loads(pair, tmp_path: P
                           cwd=REPO)
     assert done.returncode == 2 and done.stdout.strip() == "torch not imported", (done.stdout, done.stderr)
     assert done.stderr.strip().splitlines() == [f"specexec: error: {path}: server.prot: unknown field (known: "
-                                                "allowed_hosts, api_key, chat_template, cors_origins, generation_config, "
+                                                "allowed_hosts, api_key, chat_template, chat_template_kwargs, cors_origins, generation_config, "
                                                 "grammar_timeout, host, json_whitespace, log_level, max_body_bytes, "
                                                 "max_connections, ping_seconds, port, read_timeout, reasoning_format, served_model_name, "
                                                 "shutdown_timeout, tool_parser, webui)"]

@@ -9,7 +9,8 @@ string or text blocks), `stop_sequences`, `temperature` (0..1), `top_p`, `top_k`
 tools: `name`, `description`, `input_schema`), `tool_choice` (`auto`, `any`, `tool` with `name`,
 `none`; `disable_parallel_tool_use`), `stream`, `metadata`, `thinking`; our extras `seed`, `min_p`.
 Unknown fields are ignored (Claude Code's `context_management`, `output_config`, `cache_control` on
-blocks). `thinking` is accepted and ignored (replies have thinking blocks when the model reasons).
+blocks). `thinking` sets the template's `enable_thinking` and `reasoning_effort` (thinking_kwargs); replies
+have thinking blocks when the model reasons.
 
 Normalised here, so the prompt of a conversation is the same from turn to turn (the prefix cache):
 - Claude Code's `x-anthropic-billing-header: ...` system block, which changes on every request, is dropped;
@@ -100,13 +101,37 @@ def chat_request(request: MessagesRequest) -> ChatCompletionRequest:
         "model": request.model, "messages": messages, "max_tokens": request.max_tokens,
         "temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
         "stop": request.stop_sequences, "stream": request.stream, "tools": tools or None,
-        "seed": request.seed, "min_p": request.min_p,
+        "seed": request.seed, "min_p": request.min_p, "chat_template_kwargs": thinking_kwargs(request.thinking),
     }
     if (choice := request.tool_choice) is not None:
         body["tool_choice"] = _tool_choice(choice)
         if choice.disable_parallel_tool_use:
             body["parallel_tool_calls"] = False
     return validated_as(ChatCompletionRequest, body, _anthropic_param)
+
+
+# Anthropic's `thinking.budget_tokens` -> `reasoning_effort` (GPT-OSS reads it): below 4096 low, below
+# 16384 medium, else high (Claude Code's "think", "think hard" and "ultrathink" ask 4000, 10000 and 31999)
+EFFORT_BUDGETS = ((4096, "low"), (16384, "medium"))
+
+
+def thinking_kwargs(thinking: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`thinking` as chat template variables, as Ollama's `think` and Responses' `reasoning.effort` are:
+    `{"type": "enabled", "budget_tokens": n}` -> enable_thinking and a reasoning_effort from n;
+    `{"type": "disabled"}` -> enable_thinking false; `adaptive` (the model decides: what Claude Code sends
+    unless thinking is toggled), None or another type: none, so the template's default or the server's
+    --chat-template-kwargs decide. (`output_config.effort`, which Claude Code sends as "high" on every
+    request, is not read.)"""
+    kind = (thinking or {}).get("type")
+    if kind == "disabled":
+        return {"enable_thinking": False}
+    if kind != "enabled":
+        return None
+    budget = thinking.get("budget_tokens") if thinking else None
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise invalid_request("'thinking.budget_tokens' must be a positive integer.", "thinking.budget_tokens")
+    effort = next((level for limit, level in EFFORT_BUDGETS if budget < limit), "high")
+    return {"enable_thinking": True, "reasoning_effort": effort}
 
 
 def system_parts(system: str | list[Any] | None) -> list[Block]:

@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, Request
 
 from server.errors import APIError
 from server.limits import read_body
-from server.prompt import PromptBuilder, template_variables
+from server.prompt import PromptBuilder
 from server.protocol import check_token_ids
 from server.security import require_json
 from server.state import ServerState
@@ -97,7 +97,7 @@ def tokenized(prompt: PromptBuilder, req: TokenizeRequest) -> dict[str, Any]:
         pieces = token_pieces(prompt.tokenizer, ids)
         return {"tokens": [{"id": token_id, "piece": piece} for token_id, piece in zip(ids, pieces, strict=True)]}
     if isinstance(req, ChatTokenize):
-        ids = prompt.chat_ids(req.messages, prompt.tool_plan(req), template_variables(req),
+        ids = prompt.chat_ids(req.messages, prompt.tool_plan(req), prompt.template_variables(req),
                               generation_prompt=req.generation_prompt, continue_final=req.continue_final_message,
                               add_special_tokens=req.add_special_tokens, fit=False)
     else:
