@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.helpers.agent_turns import CODEX, MCP_SERVER, TOOL_OUTPUT, turn_engine
 from tests.helpers.fake_engine import FakeEngine
 from tests.helpers.tool_models import (
     HERMES_TEMPLATE,
@@ -90,62 +91,11 @@ def test_a_namespace_without_name_or_tools_is_a_400_naming_it(fake_server) -> No
 
 # --- the real Codex CLI, an MCP server of its own, and this server
 
-CODEX = Path(__file__).resolve().parents[1] / "clients" / "codex" / "node_modules" / "@openai" / "codex" / "bin" / "codex.js"
-MCP_SERVER = '''
-import json, sys
-for line in sys.stdin:
-    msg = json.loads(line)
-    reply = {"jsonrpc": "2.0", "id": msg.get("id")}
-    if msg.get("method") == "initialize":
-        reply["result"] = {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
-                           "serverInfo": {"name": "weather", "version": "1"}}
-    elif msg.get("method") == "tools/list":
-        reply["result"] = {"tools": [{"name": "get_forecast", "description": "Forecast for a city",
-                                      "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                      "required": ["city"]}}]}
-    elif msg.get("method") == "tools/call":
-        city = msg["params"]["arguments"]["city"]
-        reply["result"] = {"content": [{"type": "text", "text": f"forecast for {city}: sunny, 21 C"}]}
-    elif "id" not in msg:
-        continue
-    else:
-        reply["result"] = {}
-    print(json.dumps(reply), flush=True)
-'''
-
-
-class TurnScripts(FakeEngine):
-    """Calls the tool, or answers once the prompt holds the tool's output (whatever probes Codex sends), or
-    after a few requests (a call that failed: the test then fails instead of looping)."""
-
-    call_ids: list[int]
-    answer_ids: list[int]
-    _seen: tuple[int, bool] = (-1, False)  # (id of the last request read, whether it holds the output)
-
-    @property
-    def script_ids(self) -> list[int]:
-        request = self.requests[-1]
-        if self._seen[0] != id(request):
-            answer = "forecast for" in self.tokenizer.decode(request.prompt_ids) or len(self.requests) > 4
-            self._seen = (id(request), answer)
-        return self.answer_ids if self._seen[1] else self.call_ids
-
-    @script_ids.setter
-    def script_ids(self, ids: list[int]) -> None:
-        pass
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("node") is None or not CODEX.is_file(),
                     reason="Codex is not installed: npm ci --prefix tests/clients/codex")
 def test_codex_calls_an_mcp_servers_tool_through_the_namespace(fake_server, tmp_path: Path) -> None:
-    tokenizer = tool_tokenizer(HERMES_TEMPLATE)
-    engine = TurnScripts(tokens_per_step=64, max_context=400_000)
-    engine.tokenizer = tokenizer
-    engine.eos_token_ids = frozenset({tokenizer.eos_token_id})
-    engine.call_ids = tokenizer.encode(CALL, add_special_tokens=False)
-    engine.answer_ids = tokenizer.encode("It is sunny.<|end|>", add_special_tokens=False)
-    srv = server(fake_server, CALL, engine)
+    srv = server(fake_server, CALL, turn_engine(HERMES_TEMPLATE, CALL, "It is sunny.<|end|>"))
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -167,4 +117,4 @@ def test_codex_calls_an_mcp_servers_tool_through_the_namespace(fake_server, tmp_
     assert calls[0]["status"] == "completed" and calls[0]["arguments"] == {"city": "Paris"}, calls
     messages = [e["item"]["text"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"]
     assert messages == ["It is sunny."], events
-    assert "forecast for Paris: sunny, 21 C" in last_prompt(srv)  # the tool's output, in the second turn's prompt
+    assert TOOL_OUTPUT in last_prompt(srv)  # the tool's output, in the second turn's prompt
