@@ -2,10 +2,12 @@
 server's tools as `{"type": "namespace", "name": "mcp__<server>", "tools": [...]}`. The model is offered
 them under qualified names; its call comes back as OpenAI's does (the tool's own `name` and the
 `namespace`); a replayed call is rendered under the qualified name again. Last, the real Codex CLI with a
-real (stdio) MCP server: the model's call reaches the server's tool and its output comes back."""
+real (stdio) MCP server: the model's call reaches the server's tool and its output comes back; and its
+view_image tool, whose image output a text-only model gets as a note."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -17,6 +19,7 @@ from typing import Any
 import openai
 import pytest
 
+from server.tool_images import IMAGE_NOTE
 from tests.helpers.agent_turns import CODEX, MCP_SERVER, TOOL_OUTPUT, turn_engine
 from tests.helpers.fake_engine import FakeEngine
 from tests.helpers.tool_models import (
@@ -33,6 +36,7 @@ WEATHER = {"type": "namespace", "name": "mcp__weather", "description": "Tools in
            "tools": [FORECAST]}
 CLOCK = {"type": "function", "name": "get_forecast", "description": "A clock's forecast (same name, no namespace).",
          "parameters": {"type": "object", "properties": {}}}
+PNG_1X1 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 CALL = '<tool_call>\n{"name": "mcp__weather__get_forecast", "arguments": {"city": "Paris"}}\n</tool_call><|end|>'
 
 
@@ -118,3 +122,32 @@ def test_codex_calls_an_mcp_servers_tool_through_the_namespace(fake_server, tmp_
     messages = [e["item"]["text"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"]
     assert messages == ["It is sunny."], events
     assert TOOL_OUTPUT in last_prompt(srv)  # the tool's output, in the second turn's prompt
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("node") is None or not CODEX.is_file(),
+                    reason="Codex is not installed: npm ci --prefix tests/clients/codex")
+def test_codex_view_image_output_reaches_a_text_only_model_as_a_note(fake_server, tmp_path: Path) -> None:
+    """Codex's view_image answers with the image in the tool's output; a text-only model gets a note
+    (server/tool_images.py) and the turn goes on (it was a 400 that ended Codex's turn)."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    image = work / "plot.png"
+    image.write_bytes(base64.b64decode(PNG_1X1))
+    call = f'<tool_call>\n{{"name": "view_image", "arguments": {{"path": "{image}"}}}}\n</tool_call><|end|>'
+    srv = server(fake_server, call, turn_engine(HERMES_TEMPLATE, call, "A plot.<|end|>", done_marker=IMAGE_NOTE))
+    (home / "config.toml").write_text(
+        'model = "fake-model"\nmodel_provider = "specexec"\napproval_policy = "never"\n\n'
+        f'[model_providers.specexec]\nname = "SpecExec"\nbase_url = "{srv.url}/v1"\nenv_key = "SPECEXEC_API_KEY"\n'
+        'wire_api = "responses"\n')
+    env = {"PATH": str(Path(shutil.which("node") or "node").parent) + ":/usr/bin:/bin", "HOME": str(home),
+           "CODEX_HOME": str(home), "SPECEXEC_API_KEY": "unused", "LANG": "C.UTF-8"}
+    result = subprocess.run(["node", str(CODEX), "exec", "--skip-git-repo-check", "--json", "--ephemeral",
+                             "What is in plot.png?"], env=env, cwd=work, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    messages = [e["item"]["text"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"]
+    assert messages == ["A plot."], events
+    assert IMAGE_NOTE in last_prompt(srv) and "iVBOR" not in last_prompt(srv)

@@ -42,13 +42,14 @@ class TurnScripts(FakeEngine):
 
     call_ids: list[int]
     answer_ids: list[int]
+    done_marker = "forecast for"  # in the prompt once the tool's output came back
     _seen: tuple[int, bool] = (-1, False)  # (id of the last request read, whether it holds the output)
 
     @property
     def script_ids(self) -> list[int]:
         request = self.requests[-1]
         if self._seen[0] != id(request):
-            answer = "forecast for" in self.tokenizer.decode(request.prompt_ids) or len(self.requests) > 4
+            answer = self.done_marker in self.tokenizer.decode(request.prompt_ids) or len(self.requests) > 4
             self._seen = (id(request), answer)
         return self.answer_ids if self._seen[1] else self.call_ids
 
@@ -59,12 +60,14 @@ class TurnScripts(FakeEngine):
 
 
 
-def turn_engine(template: str, call: str, answer: str) -> TurnScripts:
-    """A TurnScripts writing `call` (a tool call in the template's format) then `answer`."""
+def turn_engine(template: str, call: str, answer: str, done_marker: str = TurnScripts.done_marker) -> TurnScripts:
+    """A TurnScripts writing `call` (a tool call in the template's format) then `answer`, once the prompt
+    holds `done_marker`."""
     tokenizer = tool_tokenizer(template)
     engine = TurnScripts(tokens_per_step=64, max_context=400_000)
     engine.tokenizer = tokenizer
     engine.eos_token_ids = frozenset({tokenizer.eos_token_id})
     engine.call_ids = tokenizer.encode(call, add_special_tokens=False)
     engine.answer_ids = tokenizer.encode(answer, add_special_tokens=False)
+    engine.done_marker = done_marker
     return engine
