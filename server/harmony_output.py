@@ -2,9 +2,9 @@
 
 `plan_harmony` gives every chat request of a harmony model a `HarmonyPlan` (server/harmony.py reads its
 output): the request's tools, rendered by the model's own template in its `namespace functions` form,
-no grammar (the calls grammar, server/toolcalls/grammar.py, writes other formats, so `tool_choice`
-"required" or a named function is a 400 naming `tool_choice`), and the special ids to drop while the
-harmony markers stay in the decoded text.
+with `tool_choice` "required" or a named function the forced call's grammar (`forced_call`: the analysis
+may come first, then one call in the commentary channel), and the special ids to drop while the harmony
+markers stay in the decoded text. `analysis_first`: a `response_format` grammar after the analysis.
 
 `HarmonyOutput` stands where a `ToolOutput` (server/toolcalls/output.py) stands in a Generation:
 `feed` / `finish` give `Delta`s, reasoning among them (analysis channel), `finish_reason` is
@@ -21,14 +21,15 @@ the template takes thinking or content, not both, so the content is left out the
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from engine.types import ReasoningBlock, StructuredOutput
-from server.errors import unsupported
-from server.harmony import CHANNEL, END, MARKERS, MESSAGE, START, HarmonyReader
+from server.harmony import CHANNEL, CONSTRAIN, END, FUNCTIONS, MARKERS, MESSAGE, START, HarmonyReader
 from server.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from server.toolcalls.detect import special_ids
+from server.toolcalls.grammar import arguments
 from server.toolcalls.output import Delta, collect, new_call_id
 from server.toolcalls.render import conversation, tool_schemas
 
@@ -39,7 +40,7 @@ class HarmonyPlan:
     max_calls: int | None  # parallel_tool_calls false: the first call only
     drop_ids: frozenset[int]  # for the TextStream (server/detok.py): the special ids but the markers
     reasoning: bool  # False (--reasoning-format none): analysis is content
-    grammar: None = None  # the calls follow no grammar (server/start.py)
+    grammar: StructuredOutput | None = None  # tool_choice required / named: the forced call (forced_call)
 
     def output(self, eager: bool) -> HarmonyOutput:
         """A reader of one choice's output (eager: streamed)."""
@@ -70,14 +71,30 @@ def plan_harmony(request: ChatCompletionRequest, drop_ids: frozenset[int], *, to
                  reasoning: bool) -> HarmonyPlan:
     """`tools_on`: False with --tool-parser none (tools are then not rendered)."""
     choice = request.tool_choice
-    if request.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
-        wanted = "a tool call" if choice == "required" else f"a call of '{choice.function.name}'"
-        raise unsupported("tool_choice", f"tool_choice asks for {wanted}, but this model (GPT-OSS) writes its calls "
-                          "in harmony channels ('<|channel|>commentary to=functions.NAME'), which the tool-call "
-                          "grammar cannot force. Use tool_choice 'auto' (the model decides) or 'none'.")
     rendered = tools_on and bool(request.tools) and choice != "none"
+    forced = rendered and (choice == "required" or isinstance(choice, NamedToolChoice))
+    tools = [(t.function.name, t.function.parameters) for t in request.tools or []
+             if not isinstance(choice, NamedToolChoice) or t.function.name == choice.function.name]
     return HarmonyPlan(tool_schemas(request.tools) if rendered and request.tools else None,
-                       1 if request.parallel_tool_calls is False else None, drop_ids, reasoning)
+                       1 if request.parallel_tool_calls is False else None, drop_ids, reasoning,
+                       forced_call(tools) if forced else None)
+
+
+# before a forced call: the analysis message, then the next message's start (the call's header follows)
+CALL_ANALYSIS_BLOCK = ReasoningBlock(f"{CHANNEL}analysis{MESSAGE}", f"{END}{START}assistant")
+
+
+def forced_call(tools: list[tuple[str, dict[str, Any] | None]]) -> StructuredOutput:
+    """tool_choice required (`tools`: every tool) or named (one): the analysis message may come first, then
+    exactly one call as GPT-OSS's template prints past calls, `<|channel|>commentary to=functions.NAME
+    <|constrain|>json<|message|>` and the arguments under the tool's schema; `<|call|>` (a stop token)
+    ends it."""
+    tags = [{"type": "tag", "begin": f"{CHANNEL}commentary to={FUNCTIONS}{name} {CONSTRAIN}json{MESSAGE}",
+             "content": arguments(schema), "end": ""} for name, schema in tools]
+    fmt = {"type": "tags_with_separator", "tags": tags, "separator": "", "at_least_one": True,
+           "stop_after_first": True}
+    return StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}),
+                            special_tokens=(START, END, MESSAGE, CHANNEL, CONSTRAIN), reasoning=CALL_ANALYSIS_BLOCK)
 
 
 class HarmonyOutput:

@@ -42,7 +42,9 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
     opening = prompt.reasoning_opening(req, prompt_ids)  # None: no <think> block to read apart
     if params.structured_output is not None:  # --json-whitespace; a reasoning model thinks before the grammar
         grammar = dataclasses.replace(params.structured_output, json_whitespace=state.server_config.json_whitespace)
-        if isinstance(plan, HarmonyPlan) and plan.reasoning:  # GPT-OSS: its analysis, then the final answer
+        if grammar.reasoning is not None:  # a harmony call's grammar has its analysis block already
+            pass
+        elif isinstance(plan, HarmonyPlan) and plan.reasoning:  # GPT-OSS: its analysis, then the final answer
             grammar = analysis_first(grammar)
         elif opening is not None:
             grammar = reasoning_first(grammar, opening)

@@ -88,11 +88,16 @@ def test_cut_off_keeps_what_was_read_in_its_channel(fake_server) -> None:
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_forced_tool_choice_is_a_400_naming_harmony(fake_server, choice: Any) -> None:
-    with pytest.raises(openai.BadRequestError) as info:
-        oai(serve(fake_server, CALL)).chat.completions.create(model="fake-model", messages=MESSAGES, tools=TOOLS,
-                                                              tool_choice=choice)
-    assert info.value.body["param"] == "tool_choice" and "harmony" in info.value.body["message"]
+def test_forced_tool_choice_writes_the_call_under_its_grammar(fake_server, choice: Any) -> None:
+    """The call's grammar (server/harmony_output.py forced_call; its walk: tests/api/test_harmony_structured.py)
+    goes to the engine, and the call comes back as a tool call (it was a 400)."""
+    srv = serve(fake_server, CALL)
+    message = oai(srv).chat.completions.create(model="fake-model", messages=MESSAGES, tools=TOOLS, tool_choice=choice,
+                                               max_tokens=300).choices[0].message
+    assert message.tool_calls[0].function.name == "get_weather"
+    grammar = srv.engine.requests[-1].params.structured_output
+    assert grammar is not None and grammar.reasoning is not None and "functions.get_weather" in grammar.spec
+    assert ("functions.get_time" in grammar.spec) == (choice == "required")
 
 
 def test_reasoning_effort_reaches_the_template(fake_server) -> None:

@@ -1,7 +1,9 @@
 """Structured output on a harmony model (GPT-OSS; server/harmony_output.py `analysis_first`): the grammar
 compiled for the harmony tokenizer takes the analysis message, the final header and then only JSON valid
 under the schema, or the JSON alone; through the openai SDK the analysis comes back as reasoning and the
-JSON as content; with --reasoning-format none the grammar applies from the first token as before."""
+JSON as content; with --reasoning-format none the grammar applies from the first token as before. And a
+forced call (`forced_call`, tool_choice required / named): the analysis, then one call of an offered tool
+in the commentary channel with arguments valid under its schema."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import xgrammar
 
 from engine.speculation.grammar import GrammarCache
 from engine.types import StructuredOutput
-from server.harmony_output import analysis_first
+from server.harmony_output import analysis_first, forced_call
 from tests.helpers.harmony_models import STOP_TOKENS, harmony_engine, harmony_tokenizer
 from tests.helpers.tool_models import openai_client
 
@@ -43,6 +45,34 @@ def test_the_analysis_and_final_header_may_come_first_then_only_the_schema() -> 
                  '<|channel|>final<|message|>{"answer": 4}', "The answer is 4."):
         assert not accepts(cache, spec, text), text
     assert not accepts(cache, SPEC, body)  # unwrapped: JSON from the first token, as before
+
+
+def harmony_cache() -> GrammarCache:
+    tokenizer = harmony_tokenizer()
+    return GrammarCache(tokenizer, len(tokenizer), tokenizer.convert_tokens_to_ids(list(STOP_TOKENS)))
+
+
+def accepts_call(cache: GrammarCache, spec: StructuredOutput, text: str) -> bool:
+    """Whether the grammar takes `text` and then <|call|>."""
+    tokenizer = cache.tokenizer
+    matcher = xgrammar.GrammarMatcher(cache.compile(spec))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return all(matcher.accept_token(t) for t in ids) and matcher.accept_token(tokenizer.convert_tokens_to_ids("<|call|>"))
+
+
+def test_a_forced_call_is_one_call_of_an_offered_tool_after_the_analysis() -> None:
+    cache = harmony_cache()
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    required = forced_call([("get_weather", city), ("get_time", None)])
+    header = "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>"
+    analysis = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant"
+    for text in (analysis + header.format("get_weather") + '{"city": "Paris"}', header.format("get_time") + "{}"):
+        assert accepts_call(cache, required, text), text
+    for text in (header.format("get_weather") + '{"town": "Paris"}', header.format("get_date") + "{}",
+                 analysis + "<|channel|>final<|message|>Sunny.", analysis):
+        assert not accepts_call(cache, required, text), text
+    named = forced_call([("get_weather", city)])
+    assert not accepts_call(cache, named, header.format("get_time") + "{}")
 
 
 def serve(fake_server, **fields):
