@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.types import ReasoningBlock, StructuredOutput
+from server.errors import unsupported
 from server.harmony import CHANNEL, CONSTRAIN, END, FUNCTIONS, MARKERS, MESSAGE, START, HarmonyReader
 from server.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from server.toolcalls.detect import special_ids
@@ -72,7 +73,10 @@ def plan_harmony(request: ChatCompletionRequest, drop_ids: frozenset[int], *, to
     """`tools_on`: False with --tool-parser none (tools are then not rendered)."""
     choice = request.tool_choice
     rendered = tools_on and bool(request.tools) and choice != "none"
-    forced = rendered and (choice == "required" or isinstance(choice, NamedToolChoice))
+    forced = bool(request.tools) and (choice == "required" or isinstance(choice, NamedToolChoice))
+    if forced and not tools_on:
+        raise unsupported("tool_choice", "tool_choice asks for a call, but this server runs with --tool-parser none "
+                                         "(tools are not offered). Use tool_choice 'auto' or 'none'.")
     tools = [(t.function.name, t.function.parameters) for t in request.tools or []
              if not isinstance(choice, NamedToolChoice) or t.function.name == choice.function.name]
     return HarmonyPlan(tool_schemas(request.tools) if rendered and request.tools else None,

@@ -215,3 +215,10 @@ def _final_response(client: openai.OpenAI, tools: list[dict[str, Any]]) -> Any:
     with client.responses.stream(model="fake-model", input="Weather?", tools=tools, max_output_tokens=200) as stream:
         list(stream)
         return stream.get_final_response()
+
+
+def test_forced_tool_choice_with_tool_parser_none_is_a_400(fake_server) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        oai(serve(fake_server, CALL, tool_parser="none")).chat.completions.create(
+            model="fake-model", messages=MESSAGES, tools=TOOLS, tool_choice="required")
+    assert info.value.body["param"] == "tool_choice" and "--tool-parser none" in info.value.body["message"]
