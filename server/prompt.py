@@ -23,8 +23,8 @@ from server.protocol import (
     check_token_ids,
     message_text,
 )
-from server.reasoning import Opening, has_think_tags, prompt_reasoning
-from server.toolcalls.detect import ToolSupport
+from server.reasoning import CLOSE, OPEN, Opening, has_think_tags, prompt_reasoning
+from server.toolcalls.detect import ToolSupport, special_ids
 from server.toolcalls.plan import ToolPlan, plan_tools
 from server.toolcalls.render import conversation
 
@@ -78,6 +78,10 @@ class PromptBuilder:
         self.reasoning = (reasoning_format == "auto" and self.harmony_drop_ids is None
                           and has_think_tags(self.chat_template, tokenizer))
         log.info("reasoning: %s", "<think> blocks apart" if self.reasoning else "none")
+        # the tags' ids where they are special tokens (decoding would skip them, and the block with them)
+        added = tokenizer.get_added_vocab() if self.reasoning else {}
+        self.special_think_ids = frozenset(added[tag] for tag in (OPEN, CLOSE) if tag in added) & frozenset(
+            special_ids(tokenizer)) if added else frozenset()
         self.fim = FimFormat.detect(tokenizer)  # None: no fill-in-the-middle tokens (server/fim.py)
         log.info("fill-in-the-middle: %s", f"{self.fim.name}, {self.fim.order}" if self.fim is not None else "none")
 
@@ -125,6 +129,15 @@ class PromptBuilder:
             return None
         thinking = (self.template_variables(request) or {}).get("enable_thinking") is not False
         return prompt_reasoning(self.tokenizer.decode(prompt_ids[-REASONING_TAIL:]), thinking)
+
+    def text_drop_ids(self, plan: ToolPlan | HarmonyPlan | None, reads_reasoning: bool) -> frozenset[int] | None:
+        """The ids a reply's decoded text leaves out (server/detok.py; None: every special token): the tool
+        plan's, and where a reply's <think> block is read apart and its tags are special tokens, every
+        special id but the tags' (else the block would reach the reader without them)."""
+        drop = None if plan is None else plan.drop_ids
+        if not reads_reasoning or not self.special_think_ids:
+            return drop
+        return frozenset(special_ids(self.tokenizer) if drop is None else drop) - self.special_think_ids
 
     def template_variables(self, request: ChatCompletionRequest) -> dict[str, Any] | None:
         """The chat template's extra variables for `request`: the server's --chat-template-kwargs, then

@@ -59,7 +59,7 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
     traced = req.specexec is not None and bool(req.specexec.trace)
 
     def start(index: int, choice: SamplingParams) -> Generation:
-        drop_ids = None if plan is None else plan.drop_ids
+        drop_ids = prompt.text_drop_ids(plan, reads_reasoning=opening is not None)
         text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=drop_ids)
         logprobs = None if texts is None else LogprobFormat(texts, chat)
         tools = None if plan is None else plan.output(eager=bool(req.stream))

@@ -165,3 +165,13 @@ def test_splitter_every_split_position(inside: bool) -> None:
 ])
 def test_splitter_edges(text: str, expected: tuple) -> None:
     assert ReasoningSplitter().split(text) == expected
+
+
+def test_think_tags_that_are_special_tokens_are_read_too(fake_server) -> None:
+    """A tokenizer that marks <think> and </think> special (decoding skips special tokens): the tags stay
+    in the text the reader gets, so the block is reasoning, not run into the answer ("a banswer")."""
+    tokenizer = tool_tokenizer(THINK_TEMPLATE, ("<think>", "</think>"))
+    srv = fake_server(scripted_engine(tokenizer, SCRIPT))
+    message, reasoning, content = chat_both(srv)
+    assert (message.content, (message.model_extra or {}).get("reasoning_content")) == ("answer", "a b")
+    assert (reasoning, content) == ("a b", "answer")
