@@ -23,7 +23,7 @@ from server.protocol import (
     check_token_ids,
     message_text,
 )
-from server.reasoning import CLOSE, OPEN, Opening, has_think_tags, prompt_reasoning
+from server.reasoning import Opening, prompt_reasoning, think_tags
 from server.toolcalls.detect import ToolSupport, special_ids
 from server.toolcalls.plan import ToolPlan, plan_tools
 from server.toolcalls.render import conversation
@@ -75,13 +75,14 @@ class PromptBuilder:
         log.info("chat template: %s", "harmony channels (GPT-OSS): reasoning, content and tool calls"
                  if self.harmony_drop_ids is not None else self.tools.describe())
         # <think> blocks read apart from the answer (server/reasoning.py)
-        self.reasoning = (reasoning_format == "auto" and self.harmony_drop_ids is None
-                          and has_think_tags(self.chat_template, tokenizer))
-        log.info("reasoning: %s", "<think> blocks apart" if self.reasoning else "none")
+        tags = think_tags(self.chat_template, tokenizer)
+        self.think_tags = tags if reasoning_format == "auto" and self.harmony_drop_ids is None else None
+        self.reasoning = self.think_tags is not None
+        log.info("reasoning: %s", f"{tags.open} blocks apart" if self.think_tags is not None else "none")
         # the tags' ids where they are special tokens (decoding would skip them, and the block with them)
-        added = tokenizer.get_added_vocab() if self.reasoning else {}
-        self.special_think_ids = frozenset(added[tag] for tag in (OPEN, CLOSE) if tag in added) & frozenset(
-            special_ids(tokenizer)) if added else frozenset()
+        added = tokenizer.get_added_vocab() if self.think_tags is not None else {}
+        self.special_think_ids = frozenset(added[tag] for tag in (tags.open, tags.close) if tag in added) & frozenset(
+            special_ids(tokenizer)) if added and tags is not None else frozenset()
         self.fim = FimFormat.detect(tokenizer)  # None: no fill-in-the-middle tokens (server/fim.py)
         log.info("fill-in-the-middle: %s", f"{self.fim.name}, {self.fim.order}" if self.fim is not None else "none")
 
@@ -128,7 +129,7 @@ class PromptBuilder:
         if not self.reasoning or not isinstance(request, ChatCompletionRequest):
             return None
         thinking = (self.template_variables(request) or {}).get("enable_thinking") is not False
-        return prompt_reasoning(self.tokenizer.decode(prompt_ids[-REASONING_TAIL:]), thinking)
+        return prompt_reasoning(self.tokenizer.decode(prompt_ids[-REASONING_TAIL:]), thinking, self.think_tags)
 
     def text_drop_ids(self, plan: ToolPlan | HarmonyPlan | None, reads_reasoning: bool) -> frozenset[int] | None:
         """The ids a reply's decoded text leaves out (server/detok.py; None: every special token): the tool

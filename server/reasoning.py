@@ -9,7 +9,9 @@ leading block the whole output is content, as before. Whitespace just inside the
 it (as the tool-call reader holds a marker's start: server/toolcalls/stream.py); the output ending
 inside the block leaves all of it reasoning. Content then goes on to the tool-call reader, if any.
 
-Detection (`has_think_tags`): the chat template, or the tokenizer's added tokens, spell both tags.
+Detection (`think_tags`): the chat template, or the tokenizer's added tokens, spell both tags of a pair:
+`<think>` (Qwen3, DeepSeek-R1, GLM, ...), Mistral's `[THINK]` (Magistral, Ministral 3 Reasoning) or
+Seed-OSS's `<seed:think>`; the splitter, the prompt's opening and the grammar's block use that pair.
 
 Structured output (`reasoning_first`): a request's grammar (response_format, guided_*, Ollama's `format`,
 the Responses API's `text.format`, the tool calls' grammar) applies after the block, as vLLM applies
@@ -34,9 +36,24 @@ WHITESPACE = " \t\r\n"
 Part = tuple[str, str]  # ("reasoning" | "content", text)
 
 
-def has_think_tags(chat_template: Any, tokenizer: Any) -> bool:
-    """Whether the model writes `<think>` blocks: the chat template or the tokenizer's added tokens name both tags."""
-    return names_all(chat_template, tokenizer, (OPEN, CLOSE))
+@dataclasses.dataclass(frozen=True)
+class ThinkTags:
+    """A family's reasoning block tags."""
+
+    open: str
+    close: str
+
+
+THINK = ThinkTags(OPEN, CLOSE)  # Qwen3, Qwen3.5, DeepSeek-R1, GLM, SmolLM3, Phi-4-reasoning, ...
+# Magistral and Ministral 3 Reasoning (Mistral's [THINK] special tokens), ByteDance Seed-OSS; before
+# THINK, whose tags a template of these may also name in its text
+TAG_PAIRS = (ThinkTags("[THINK]", "[/THINK]"), ThinkTags("<seed:think>", "</seed:think>"), THINK)
+
+
+def think_tags(chat_template: Any, tokenizer: Any) -> ThinkTags | None:
+    """The reasoning tags the model writes: the first pair of TAG_PAIRS the chat template, or else the
+    tokenizer's added tokens, name both of; None: the model writes no reasoning block."""
+    return next((tags for tags in TAG_PAIRS if names_all(chat_template, tokenizer, (tags.open, tags.close))), None)
 
 
 def names_all(chat_template: Any, tokenizer: Any, tags: tuple[str, ...]) -> bool:
@@ -52,9 +69,9 @@ def names_all(chat_template: Any, tokenizer: Any, tags: tuple[str, ...]) -> bool
     return all(tag in added for tag in tags)
 
 
-def prompt_opens_reasoning(prompt_text: str) -> bool:
+def prompt_opens_reasoning(prompt_text: str, tags: ThinkTags = THINK) -> bool:
     """Whether the generation prompt ends with an open `<think>` (the output then starts inside it)."""
-    return prompt_text.rstrip(WHITESPACE).endswith(OPEN)
+    return prompt_text.rstrip(WHITESPACE).endswith(tags.open)
 
 
 class Opening(Enum):
@@ -65,20 +82,21 @@ class Opening(Enum):
     OFF = "off"  # no thinking: the prompt closed an empty block, or the request turned thinking off
 
 
-def prompt_reasoning(prompt_text: str, thinking: bool = True) -> Opening:
+def prompt_reasoning(prompt_text: str, thinking: bool = True, tags: ThinkTags = THINK) -> Opening:
     """The opening of a reply to `prompt_text` (its end is enough); `thinking`: False where the request
     turned thinking off (`enable_thinking: false`), which an open `<think>` in the prompt overrides."""
-    if prompt_opens_reasoning(prompt_text):
+    if prompt_opens_reasoning(prompt_text, tags):
         return Opening.OPENED
-    return Opening.OFF if prompt_text.rstrip(WHITESPACE).endswith(CLOSE) or not thinking else Opening.FREE
+    return Opening.OFF if prompt_text.rstrip(WHITESPACE).endswith(tags.close) or not thinking else Opening.FREE
 
 
-def reasoning_first(spec: StructuredOutput, opening: Opening) -> StructuredOutput:
+def reasoning_first(spec: StructuredOutput, opening: Opening, tags: ThinkTags = THINK) -> StructuredOutput:
     """`spec` applied after the reply's reasoning block: the block optional (FREE) or already open
     (OPENED); with thinking OFF, `spec` as it is."""
     if opening is Opening.OFF:
         return spec
-    return dataclasses.replace(spec, reasoning=ReasoningBlock(OPEN, CLOSE, opened=opening is Opening.OPENED))
+    return dataclasses.replace(spec, reasoning=ReasoningBlock(tags.open, tags.close,
+                                                              opened=opening is Opening.OPENED))
 
 
 class State(Enum):
@@ -97,8 +115,9 @@ def _prefix_len(buffer: str, tag: str) -> int:
 
 
 class ReasoningSplitter:
-    def __init__(self, *, inside: bool = False):
+    def __init__(self, *, inside: bool = False, tags: ThinkTags = THINK):
         self.inside = inside  # the output starts inside the block (the generation prompt opened it)
+        self.tags = tags
         self._state = State.INSIDE if inside else State.START
         self.saw_block = inside  # a reasoning block was opened (so the reply has a reasoning field)
         self._started = False  # reasoning text seen (its leading whitespace is dropped)
@@ -147,10 +166,10 @@ class ReasoningSplitter:
             return buffer
         if state is State.START:
             stripped = buffer.lstrip(WHITESPACE)
-            if stripped.startswith(OPEN):
+            if stripped.startswith(self.tags.open):
                 self._state, self.saw_block = State.INSIDE, True
-                return stripped[len(OPEN):]
-            if OPEN.startswith(stripped):  # only whitespace, or a tag's start so far
+                return stripped[len(self.tags.open):]
+            if self.tags.open.startswith(stripped):  # only whitespace, or a tag's start so far
                 self._held = buffer
                 return ""
             self._state = State.CONTENT
@@ -160,12 +179,12 @@ class ReasoningSplitter:
             if not buffer:
                 return ""
             self._started = True
-        index = buffer.find(CLOSE)
+        index = buffer.find(self.tags.close)
         if index >= 0:
             self._push("reasoning", buffer[:index].rstrip(WHITESPACE))
             self._state = State.AFTER
-            return buffer[index + len(CLOSE):]
-        cut = len(buffer) - _prefix_len(buffer, CLOSE)
+            return buffer[index + len(self.tags.close):]
+        cut = len(buffer) - _prefix_len(buffer, self.tags.close)
         while cut > 0 and buffer[cut - 1] in WHITESPACE:  # whitespace before `</think>` is dropped
             cut -= 1
         self._push("reasoning", buffer[:cut])

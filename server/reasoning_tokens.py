@@ -55,7 +55,7 @@ def reasoning_tokens(reasoning: ReasoningSplitter | None, tools: object) -> Reas
     """A counter for a choice read with `reasoning` (a think block) or `tools` (a harmony model's output);
     None when its output has no reasoning read apart (usage then says nothing of it)."""
     if reasoning is not None:
-        return ReasoningTokens(ReasoningSplitter(inside=reasoning.inside))
+        return ReasoningTokens(ReasoningSplitter(inside=reasoning.inside, tags=reasoning.tags))
     if isinstance(tools, HarmonyOutput) and tools.reasoning:
         return ReasoningTokens(HarmonyReader())
     return None

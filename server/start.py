@@ -47,7 +47,7 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
         elif isinstance(plan, HarmonyPlan) and plan.reasoning:  # GPT-OSS: its analysis, then the final answer
             grammar = analysis_first(grammar)
         elif opening is not None:
-            grammar = reasoning_first(grammar, opening)
+            grammar = reasoning_first(grammar, opening, prompt.think_tags)
         params = dataclasses.replace(params, structured_output=grammar)
     await check_structured_output(state, req, plan, params.structured_output)
     if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
@@ -63,7 +63,8 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
         text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=drop_ids)
         logprobs = None if texts is None else LogprobFormat(texts, chat)
         tools = None if plan is None else plan.output(eager=bool(req.stream))
-        reasoning = None if opening is None else ReasoningSplitter(inside=opening is Opening.OPENED)
+        reasoning = None if opening is None else ReasoningSplitter(inside=opening is Opening.OPENED,
+                                                                   tags=prompt.think_tags)
         trace = StepTrace(prompt.tokenizer, tree_method(speculation, method, choice), drop_ids) if traced else None
         engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice, method)
         return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,

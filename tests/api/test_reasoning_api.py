@@ -175,3 +175,18 @@ def test_think_tags_that_are_special_tokens_are_read_too(fake_server) -> None:
     message, reasoning, content = chat_both(srv)
     assert (message.content, (message.model_extra or {}).get("reasoning_content")) == ("answer", "a b")
     assert (reasoning, content) == ("a b", "answer")
+
+
+# Magistral / Ministral 3 Reasoning: Mistral's [THINK] special tokens, named by the template
+MISTRAL_THINK_TEMPLATE = THINK_TEMPLATE.replace("<think>", "[THINK]").replace("</think>", "[/THINK]")
+
+
+def test_mistral_think_tags_are_read_apart_and_structured_output_follows_them(fake_server) -> None:
+    tokenizer = tool_tokenizer(MISTRAL_THINK_TEMPLATE, ("[THINK]", "[/THINK]"))
+    srv = fake_server(scripted_engine(tokenizer, '[THINK]a b[/THINK]{"x": 1}<|end|>'))
+    message, reasoning, content = chat_both(srv)
+    assert (message.content, (message.model_extra or {}).get("reasoning_content")) == ('{"x": 1}', "a b")
+    assert (reasoning, content) == ("a b", '{"x": 1}')
+    oai(srv).chat.completions.create(model="fake-model", messages=MESSAGES, response_format={"type": "json_object"})
+    block = srv.engine.requests[-1].params.structured_output.reasoning
+    assert (block.open, block.close, block.opened) == ("[THINK]", "[/THINK]", False)

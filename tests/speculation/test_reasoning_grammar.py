@@ -105,3 +105,18 @@ def test_the_inner_grammar_keeps_its_checks_and_its_errors(cache) -> None:
 def test_a_block_needs_both_tags() -> None:
     with pytest.raises(StructuredOutputError):
         ReasoningBlock(close="")
+
+
+def test_mistral_think_tags_as_special_tokens() -> None:
+    """Magistral's [THINK] / [/THINK] (special tokens of its tokenizer) open and close the block."""
+    tokenizer = copy.deepcopy(build_tokenizer())
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[THINK]", "[/THINK]"]})
+    cache = GrammarCache(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    spec = dataclasses.replace(JSON_SPEC, reasoning=ReasoningBlock("[THINK]", "[/THINK]"))
+    matcher_ok = xgrammar.GrammarMatcher(cache.compile(spec))
+    ids = tokenizer.encode('[THINK]r[/THINK]{"a": 1}', add_special_tokens=False)
+    assert ids.count(tokenizer.convert_tokens_to_ids("[THINK]")) == 1
+    assert all(matcher_ok.accept_token(t) for t in ids) and matcher_ok.accept_token(tokenizer.eos_token_id)
+    matcher_bad = xgrammar.GrammarMatcher(cache.compile(spec))
+    bad = tokenizer.encode('[THINK]r[/THINK]{"a": "x"}', add_special_tokens=False)
+    assert not (all(matcher_bad.accept_token(t) for t in bad) and matcher_bad.accept_token(tokenizer.eos_token_id))
