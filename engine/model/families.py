@@ -43,6 +43,7 @@ FAMILIES = (
     Family("Phi-3 / Phi-4", ("Phi3ForCausalLM",)),
     Family("GPT-OSS", ("GptOssForCausalLM",), eager_attention=True),
     Family("GLM-4", ("Glm4ForCausalLM",)),
+    Family("GLM-4.5 (MoE)", ("Glm4MoeForCausalLM",)),
     Family("OLMo 2", ("Olmo2ForCausalLM",)),
     Family("Granite", ("GraniteForCausalLM",), embedding_multiplier="embedding_multiplier",
            logits_divisor="logits_scaling"),

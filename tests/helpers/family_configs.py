@@ -12,6 +12,7 @@ from transformers import (
     Cohere2Config,
     Gemma3TextConfig,
     Glm4Config,
+    Glm4MoeConfig,
     GptOssConfig,
     GraniteConfig,
     LlamaConfig,
@@ -37,6 +38,7 @@ WINDOW = 5  # sliding window of the families that have one: shorter than every t
 FAMILIES = (
     "llama", "mistral", "qwen2", "mixtral", "qwen3", "qwen3_moe", "gemma3", "phi3", "gpt_oss", "glm4",
     "olmo2", "granite", "cohere2", "smollm3", "ministral", "ministral3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+    "glm4_moe",
 )
 HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_text")  # Gated DeltaNet layers between attention layers
 # Gated DeltaNet state at toy sizes, grouped as the hub's (Qwen3-Next: 16 key heads serve 32 value heads);
@@ -132,4 +134,10 @@ def family_config(family: str, common: dict) -> PretrainedConfig:
                                     shared_expert_intermediate_size=hidden,
                                     rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0,
                                                      "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1]})
+    if family == "glm4_moe":  # GLM-4.5 / 4.6 / 4.7: partial rotary 0.5, qkv bias, q/k norms (4.6+), a dense first
+        # layer, then sigmoid-scored routed experts (a per-expert correction bias) with a shared expert
+        return Glm4MoeConfig(**common, head_dim=head_dim, partial_rotary_factor=0.5, attention_bias=True,
+                             use_qk_norm=True, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                             moe_intermediate_size=hidden, first_k_dense_replace=1, n_group=1, topk_group=1,
+                             norm_topk_prob=True, routed_scaling_factor=2.5)
     raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")

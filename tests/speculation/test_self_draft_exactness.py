@@ -102,7 +102,7 @@ def test_greedy_with_the_self_draft_equals_the_target_alone(target, references, 
         engine.close()
 
 
-MOE = ("mixtral", "qwen3_moe", "gpt_oss", "qwen3_next", "qwen3_5_moe_text")  # experts in fused tensors: refused
+MOE = ("mixtral", "qwen3_moe", "gpt_oss", "qwen3_next", "qwen3_5_moe_text", "glm4_moe")  # experts in fused tensors: refused
 # (tests/model/test_self_draft.py)
 
 
