@@ -15,7 +15,7 @@ from engine.config import require
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 REASONING_FORMATS = ("auto", "none")  # server/reasoning.py
-TOOL_PARSERS = ("auto", "hermes", "qwen3_coder", "llama3_json", "mistral", "none")  # server/toolcalls/parsers.py
+TOOL_PARSERS = ("auto", "hermes", "qwen3_coder", "glm45", "llama3_json", "mistral", "none")  # server/toolcalls/parsers.py
 API_KEY_ENV = "SPECEXEC_API_KEY"
 GENERATION_CONFIG = ("auto", "none")  # where left-out sampling fields come from (server/sampling_defaults.py)
 JSON_WHITESPACE = ("compact", "free")  # whitespace in JSON under a grammar (engine.types.StructuredOutput)

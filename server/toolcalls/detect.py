@@ -28,6 +28,7 @@ PROBE_TOOL = {
 # (format, texts that must all be in the template), in order: the first match wins
 TEMPLATE_SIGNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qwen3_coder", ("<tool_call>", "<function=", "<parameter=")),  # Qwen3-Coder / Qwen3.5: XML in <tool_call>
+    ("glm45", ("<tool_call>", "<arg_key>", "<arg_value>")),  # GLM-4.5 / 4.6 / 4.7: <arg_key>/<arg_value> pairs
     ("hermes", ("<tool_call>",)),
     ("mistral", ("[TOOL_CALLS]",)),
     ("mistral", ("[AVAILABLE_TOOLS]",)),
@@ -56,7 +57,7 @@ class ToolSupport:
         name = detect_format(source, tokenizer) if tool_parser == "auto" else tool_parser
         if name is None:
             return cls.off("no tool-call format was recognised in the model's chat template; "
-                           "start the server with --tool-parser hermes, qwen3_coder, llama3_json or mistral")
+                           "start the server with --tool-parser hermes, qwen3_coder, glm45, llama3_json or mistral")
         fmt = FORMATS[name]
         return cls(fmt, "", marker_drop_ids(tokenizer, fmt), special_markers(tokenizer, fmt),
                    fmt.name == "mistral" and "[ARGS]" in tokenizer.get_added_vocab())

@@ -9,7 +9,7 @@ and has arguments valid under that tool's `parameters` (engine kind `structural_
 - `parallel_tool_calls: false`: at most one call, and the reply ends after it.
 
 The exact text of a call is fixed (`<tool_call>\\n{"name": "f", "arguments": ...}\\n</tool_call>`,
-as the formats' chat templates print past calls; qwen3_coder's XML calls: see `_qwen3_coder`); the
+as the formats' chat templates print past calls; the XML calls: see `_qwen3_coder`, `_glm45`); the
 arguments are compact JSON as those templates print them (", " and ": "), or with `--json-whitespace free` have any whitespace (at most
 MAX_JSON_WHITESPACE characters per gap: the engine applies the request's StructuredOutput.json_whitespace),
 their properties come in the schema's order and none beyond those it names. The formats are those of server/toolcalls/parsers.py, which reads the
@@ -37,7 +37,7 @@ def tool_call_grammar(fmt_name: str, tools: list[tuple[str, dict[str, Any] | Non
     format a reply that is not a call must follow (None: any text); `special_tokens`: markers that
     are special tokens of the tokenizer; `named_args`: Mistral's `[TOOL_CALLS]f[ARGS]{...}` form."""
     builder = {"hermes": _hermes, "llama3_json": _llama, "mistral": _mistral_named if named_args else _mistral,
-               "qwen3_coder": _qwen3_coder}
+               "qwen3_coder": _qwen3_coder, "glm45": _glm45}
     fmt = builder[fmt_name](tools, forced, single, text)
     return StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}),
                             special_tokens=special_tokens)
@@ -46,7 +46,8 @@ def tool_call_grammar(fmt_name: str, tools: list[tuple[str, dict[str, Any] | Non
 def arguments(schema: dict[str, Any] | None, style: str = "json") -> Format:
     """A call's arguments: a JSON object under `schema` (None or {}: any object; a schema that names no
     type is read as an object's, since arguments are always one); style "qwen_xml": the object as Qwen's
-    `<parameter=k>value</parameter>`s, each value a string's text or JSON of the property's type."""
+    `<parameter=k>value</parameter>`s, each value a string's text or JSON of the property's type;
+    "glm_xml": as GLM's `<arg_key>k</arg_key><arg_value>value</arg_value>`s, the same way."""
     schema = {"type": "object"} | (schema or {}) if not schema or "type" not in schema else schema
     out = {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
     return out if style == "json" else out | {"style": style}
@@ -124,6 +125,18 @@ def _qwen3_coder(tools: list, forced: bool, single: bool, text: Format | None) -
     tags = [_tag("<tool_call>\n<function=" + name + ">\n", arguments(schema, "qwen_xml"), "</function>\n</tool_call>")
             for name, schema in tools]
     return _tagged_calls(tags, "\n", forced, single, text, "<tool_call>", ["</tool_call>", "<function="])
+
+
+def _glm45(tools: list, forced: bool, single: bool, text: Format | None) -> Format:
+    """`<tool_call>f\n<arg_key>k</arg_key>\n<arg_value>value</arg_value>\n</tool_call>` per call: xgrammar's
+    "glm_xml" style of the tool's schema (as its GLM-4.7 structural tag: properties in the schema's order,
+    required ones present; up to MAX_JSON_WHITESPACE whitespace before each `<arg_key>`, before each
+    `<arg_value>` and before the end, so GLM-4.5's newlines and 4.7's none both pass; a string's value is
+    any text without "</arg_value>", taken verbatim, other values JSON of their type with whitespace
+    around them), so what it allows the reader (server/toolcalls/glm_stream.py) types back."""
+    tags = [_tag("<tool_call>" + name, arguments(schema, "glm_xml"), "</tool_call>") for name, schema in tools]
+    return _tagged_calls(tags, "\n", forced, single, text, "<tool_call>",
+                         ["</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"])
 
 
 def _tagged_calls(tags: list[Format], separator: str, forced: bool, single: bool, text: Format | None,

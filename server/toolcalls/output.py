@@ -13,9 +13,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from server.toolcalls.glm_stream import GlmCallReader
 from server.toolcalls.parsers import ToolFormat
 from server.toolcalls.stream import Event, ToolCallReader
+from server.toolcalls.xml_call import XmlArgsReader
 from server.toolcalls.xml_stream import XmlCallReader
+
+XML_READERS: dict[str, type[XmlArgsReader]] = {"qwen3_coder": XmlCallReader, "glm45": GlmCallReader}  # format -> reader
 
 
 def new_call_id() -> str:
@@ -37,7 +41,8 @@ class ToolOutput:
     def __init__(self, fmt: ToolFormat, *, eager: bool, max_calls: int | None = None,
                  schemas: dict[str, Any] | None = None):
         """`schemas`: tool name -> its `parameters` (the XML format types its values by them)."""
-        self._reader = XmlCallReader(fmt, eager=eager, schemas=schemas) if fmt.xml else ToolCallReader(fmt, eager=eager)
+        self._reader = (XML_READERS[fmt.name](fmt, eager=eager, schemas=schemas) if fmt.xml
+                        else ToolCallReader(fmt, eager=eager))
         self._max_calls = max_calls
         self._ids: list[str] = []  # id of call i
 

@@ -14,6 +14,9 @@ Each call inside a block is a JSON object `{"name": ..., "arguments": {...}}` (L
 - qwen3_coder (Qwen3-Coder, Qwen3.5): no JSON, `<tool_call>\n<function=f>\n<parameter=k>\nvalue\n
   </parameter>\n</function>\n</tool_call>`, one block per call; values are text, typed by the tool's
   schema. Its reader is server/toolcalls/xml_stream.py (`xml`), not the JSON one.
+- glm45 (GLM-4.5 / 4.6 / 4.7): no JSON, `<tool_call>f\n<arg_key>k</arg_key>\n<arg_value>value</arg_value>\n
+  </tool_call>` (4.7: without the newlines), one block per call; values typed by the schema as
+  qwen3_coder's. Its reader is server/toolcalls/glm_stream.py (`xml` too: past calls print per key).
 
 The grammar that makes the model write calls in these formats is server/toolcalls/grammar.py.
 """
@@ -34,7 +37,7 @@ class ToolFormat(Protocol):
     named_args: ClassVar[bool]  # `name[ARGS]{...}` or `name{...}` after the marker
     end_marker: ClassVar[str]  # closes a block ("": none)
     separators: ClassVar[str]  # characters between two calls of one block
-    xml: ClassVar[bool]  # calls are Qwen's XML (server/toolcalls/xml_stream.py), not JSON objects
+    xml: ClassVar[bool]  # calls are XML-like, one value per key (server/toolcalls/xml_call.py), not JSON objects
 
 
 class HermesFormat:
@@ -93,6 +96,22 @@ class Qwen3CoderFormat:
     xml: ClassVar[bool] = True
 
 
+class Glm45Format:
+    name: ClassVar[str] = "glm45"
+    markers: ClassVar[tuple[str, ...]] = ("<tool_call>",)
+    special_tokens: ClassVar[tuple[str, ...]] = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+                                                 "<arg_value>", "</arg_value>")
+    grammar_markers: ClassVar[tuple[str, ...]] = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+                                                  "<arg_value>", "</arg_value>")
+    args_keys: ClassVar[tuple[str, ...]] = ()
+    bare_json: ClassVar[bool] = False
+    array: ClassVar[bool] = False
+    named_args: ClassVar[bool] = False
+    end_marker: ClassVar[str] = "</tool_call>"
+    separators: ClassVar[str] = ""
+    xml: ClassVar[bool] = True
+
+
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat(),
-                                                      Qwen3CoderFormat())}
+                                                      Qwen3CoderFormat(), Glm45Format())}
 ARGS_MARKER = "[ARGS]"  # between name and arguments in Mistral's named form

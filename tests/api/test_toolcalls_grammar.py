@@ -23,6 +23,7 @@ from server.protocol import ChatCompletionRequest
 from server.toolcalls.detect import ToolSupport
 from server.toolcalls.plan import ToolPlan, plan_tools
 from tests.helpers.tool_models import (
+    GLM45_TEMPLATE,
     HERMES_TEMPLATE,
     LLAMA_TEMPLATE,
     MISTRAL_TEMPLATE,
@@ -41,12 +42,17 @@ MODELS = {  # name -> (template, special tokens)
     "mistral-named": (MISTRAL_TEMPLATE, ("[TOOL_CALLS]", "[ARGS]")),
     "qwen3_coder": (QWEN3_CODER_TEMPLATE, ()),
     "qwen3_coder-special": (QWEN3_CODER_TEMPLATE, ("<tool_call>", "</tool_call>")),
+    "glm45": (GLM45_TEMPLATE, ()),
+    "glm45-special": (GLM45_TEMPLATE, ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+                                       "</arg_value>")),
 }
 MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>")
-XML_MARKERS = ("<function=",)  # opens a call without <tool_call> (the "auto" grammar keeps it out of text)
+XML_MARKERS = {"qwen3_coder": ("<function=",),  # opens a call without <tool_call> (the "auto" grammar keeps it out of text)
+               "glm45": ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")}
 # texts a walk sometimes writes whole where the grammar allows them: a free-text XML value ends only at
-# "</parameter>", which random tokens would almost never spell
-CLOSERS = {"qwen3_coder": ("\n</parameter>\n", "</function>\n</tool_call>")}
+# "</parameter>" (GLM: "</arg_value>"), which random tokens would almost never spell
+CLOSERS = {"qwen3_coder": ("\n</parameter>\n", "</function>\n</tool_call>"),
+           "glm45": ("</arg_value>\n", "</arg_value>\n</tool_call>", "\n<arg_key>unit</arg_key>\n<arg_value>")}
 NUM_WALKS = 12
 MAX_WALK_TOKENS = 160
 
@@ -122,8 +128,8 @@ def test_what_the_grammar_allows_the_reader_reads_as_valid_calls(model: str, cho
     num_calls = 0
     family = model.split("-")[0]
     opening = {"hermes": "Sure. <tool_call>", "llama3_json": "{", "mistral": "Sure. [TOOL_CALLS]",
-               "qwen3_coder": "Sure. <tool_call>"}
-    markers = MARKERS + (XML_MARKERS if family == "qwen3_coder" else ())
+               "qwen3_coder": "Sure. <tool_call>", "glm45": "Sure. <tool_call>"}
+    markers = MARKERS + XML_MARKERS.get(family, ())
     for i in range(NUM_WALKS):
         start = opening[family] if choice == "auto" and i % 2 else ""  # "auto": half open a call
         ids, ended = walk(tokenizer, compiled, rng, start, CLOSERS.get(family, ()))
@@ -155,7 +161,9 @@ def test_canonical_calls_are_accepted_and_read(model: str) -> None:
             "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]',
             "mistral-named": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}',
             "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-                           "<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>"}[model.replace("-special", "")]
+                           "<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>",
+            "glm45": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+                     "<arg_key>unit</arg_key>\n<arg_value>c</arg_value>\n</tool_call>"}[model.replace("-special", "")]
     ids = tokenizer.encode(text, add_special_tokens=False)
     matcher = xgrammar.GrammarMatcher(compiled)
     assert all(matcher.accept_token(token) for token in ids) and matcher.accept_token(tokenizer.eos_token_id)

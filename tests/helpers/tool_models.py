@@ -91,6 +91,13 @@ MISTRAL_TEMPLATE = """\
 # calls print `tool_call.arguments|items`, each non-string value through `| string`.
 QWEN3_CODER_TEMPLATE = (Path(__file__).parent / "templates" / "Qwen3-Coder.jinja").read_text()
 
+# The real GLM-4.6 chat template (zai-org/GLM-4.6's; GLM-4.5's prints calls the same way), as llama.cpp
+# keeps it in models/templates/GLM-4.6.jinja (github.com/ggml-org/llama.cpp at commit
+# afefa651447358ae477f31a0ea1b97adff04c64f), byte for byte. Calls are `<tool_call>f\n<arg_key>k</arg_key>\n
+# <arg_value>v</arg_value>\n</tool_call>`; past calls print `tc.arguments.items()`, a string raw, any other
+# value through `tojson`; the prompt ends `<|assistant|>` (the model writes `\n<think>...` itself).
+GLM45_TEMPLATE = (Path(__file__).parent / "templates" / "GLM-4.6.jinja").read_text()
+
 TOOLS = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "The weather in a city.",
