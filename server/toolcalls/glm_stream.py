@@ -16,7 +16,8 @@ the tool's schema. A key is the text between `<arg_key>` and `</arg_key>`, strip
 
 The markup is read here, a character at a time; the arguments and when a call is sent are
 server/toolcalls/xml_call.py's. A call starts at its first `<arg_key>` (or at `</tool_call>` for a
-call without arguments): streamed, it is committed there; whole, at `</tool_call>`. A name holding a
+call without arguments): streamed, it is committed there; whole, at `</tool_call>` (or the output's end
+right after a complete value). A name holding a
 character no tool name has (`<tool_call>\\n{"name": ...` is Hermes JSON, not this) is content.
 """
 
@@ -113,6 +114,13 @@ class GlmCallReader(XmlArgsReader):
             self._end_function()
             self._in_block = False
         return Outcome.CONSUMED
+
+    def _end_of_output(self) -> None:
+        """The output ended inside a block: a call whose last value was complete ends there (as if
+        `</tool_call>` came: EOS before it); else as server/toolcalls/xml_call.py's."""
+        if self._xcall is not None and self._glm is Glm.BODY and not self._word:
+            self._end_function()
+        super()._end_of_output()
 
     def _start_call(self) -> None:
         if self._xcall is None:
