@@ -27,8 +27,7 @@ from tests.helpers.tool_models import (
     TOOLS,
     tool_tokenizer,
 )
-
-Calls = list[tuple[str, dict[str, Any]]]
+from tests.helpers.xml_calls import Calls, read_calls, read_whole, support
 
 
 def call(name: str, *params: tuple[str, str], sep: str = "\n") -> str:
@@ -74,23 +73,11 @@ MALFORMED = [
 
 
 def run(pieces: list[str], eager: bool, cut_off: bool = False) -> tuple[str | None, Calls, list[dict]]:
-    out = ToolOutput(FORMATS["glm45"], eager=eager, schemas=SCHEMAS)
-    deltas = [d for piece in pieces for d in out.feed(piece)] + out.finish("length" if cut_off else "stop")
-    content = "".join(d.content for d in deltas if d.content is not None)
-    entries = [d.tool_call for d in deltas if d.tool_call is not None]
-    names = {e["index"]: e["function"]["name"] for e in entries if "id" in e}
-    arguments = {i: "".join(e["function"]["arguments"] for e in entries if e["index"] == i) for i in names}
-    calls = [(names[i], json.loads(arguments[i])) for i in sorted(names)]  # strict JSON: raises if not
-    return (content if content or not calls else None), calls, entries
+    return read_calls("glm45", SCHEMAS, pieces, eager, cut_off)
 
 
 def whole(text: str) -> tuple[str | None, Calls]:
-    content, calls = ToolOutput(FORMATS["glm45"], eager=False, schemas=SCHEMAS).message(text)
-    return content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls or []]
-
-
-def support(template: str, tool_parser: str = "auto") -> ToolSupport:
-    return ToolSupport.detect(tool_tokenizer(template), template, tool_parser)
+    return read_whole("glm45", SCHEMAS, text)
 
 
 def test_the_real_template_is_recognised_before_hermes() -> None:

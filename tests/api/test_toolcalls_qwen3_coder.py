@@ -4,21 +4,19 @@ schemas, read whole and streamed at every split, past calls rendered by that tem
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
 from server.protocol import ChatMessage
-from server.toolcalls.detect import ToolSupport
 from server.toolcalls.output import Delta, ToolOutput
 from server.toolcalls.parsers import FORMATS
 from server.toolcalls.render import conversation
 from server.toolcalls.xml_values import ValueType, convert, value_type
 from tests.api.test_toolcalls_parsers import splits
 from tests.helpers.tool_models import HERMES_TEMPLATE, QWEN3_CODER_TEMPLATE, TOOLS, tool_tokenizer
+from tests.helpers.xml_calls import Calls, read_calls, read_whole, support
 
-Calls = list[tuple[str, dict[str, Any]]]
 SCHEMAS: dict[str, Any] = {
     "get_weather": {"type": "object", "properties": {
         "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"type": "string", "enum": ["c", "f"]},
@@ -74,23 +72,11 @@ MALFORMED = [
 
 
 def run(pieces: list[str], eager: bool, cut_off: bool = False) -> tuple[str | None, Calls, list[dict]]:
-    out = ToolOutput(FORMATS["qwen3_coder"], eager=eager, schemas=SCHEMAS)
-    deltas = [d for piece in pieces for d in out.feed(piece)] + out.finish("length" if cut_off else "stop")
-    content = "".join(d.content for d in deltas if d.content is not None)
-    entries = [d.tool_call for d in deltas if d.tool_call is not None]
-    names = {e["index"]: e["function"]["name"] for e in entries if "id" in e}
-    arguments = {i: "".join(e["function"]["arguments"] for e in entries if e["index"] == i) for i in names}
-    calls = [(names[i], json.loads(arguments[i])) for i in sorted(names)]  # strict JSON: raises if not
-    return (content if content or not calls else None), calls, entries
+    return read_calls("qwen3_coder", SCHEMAS, pieces, eager, cut_off)
 
 
 def whole(text: str) -> tuple[str | None, Calls]:
-    content, calls = ToolOutput(FORMATS["qwen3_coder"], eager=False, schemas=SCHEMAS).message(text)
-    return content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls or []]
-
-
-def support(template: str, tool_parser: str = "auto") -> ToolSupport:
-    return ToolSupport.detect(tool_tokenizer(template), template, tool_parser)
+    return read_whole("qwen3_coder", SCHEMAS, text)
 
 
 def test_the_real_template_is_recognised_before_hermes() -> None:
