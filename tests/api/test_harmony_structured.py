@@ -26,17 +26,16 @@ REPLY = ('<|channel|>analysis<|message|>2 + 2 is 4.<|end|><|start|>assistant<|ch
 FORMAT = {"type": "json_schema", "json_schema": {"name": "sum", "schema": SCHEMA, "strict": True}}
 
 
-def accepts(cache: GrammarCache, spec: StructuredOutput, text: str) -> bool:
-    """Whether the grammar takes `text` (the harmony markers as their single tokens) and then <|return|>."""
+def accepts(cache: GrammarCache, spec: StructuredOutput, text: str, end: str = "<|return|>") -> bool:
+    """Whether the grammar takes `text` (the harmony markers as their single tokens) and then `end`."""
     tokenizer = cache.tokenizer
     matcher = xgrammar.GrammarMatcher(cache.compile(spec))
     ids = tokenizer.encode(text, add_special_tokens=False)
-    return all(matcher.accept_token(t) for t in ids) and matcher.accept_token(tokenizer.convert_tokens_to_ids("<|return|>"))
+    return all(matcher.accept_token(t) for t in ids) and matcher.accept_token(tokenizer.convert_tokens_to_ids(end))
 
 
 def test_the_analysis_and_final_header_may_come_first_then_only_the_schema() -> None:
-    tokenizer = harmony_tokenizer()
-    cache = GrammarCache(tokenizer, len(tokenizer), tokenizer.convert_tokens_to_ids(list(STOP_TOKENS)))
+    cache = harmony_cache()
     spec = analysis_first(SPEC)
     body = REPLY.removesuffix("<|return|>")
     assert accepts(cache, spec, body) and accepts(cache, spec, '{"answer": 4}')
@@ -52,14 +51,6 @@ def harmony_cache() -> GrammarCache:
     return GrammarCache(tokenizer, len(tokenizer), tokenizer.convert_tokens_to_ids(list(STOP_TOKENS)))
 
 
-def accepts_call(cache: GrammarCache, spec: StructuredOutput, text: str) -> bool:
-    """Whether the grammar takes `text` and then <|call|>."""
-    tokenizer = cache.tokenizer
-    matcher = xgrammar.GrammarMatcher(cache.compile(spec))
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return all(matcher.accept_token(t) for t in ids) and matcher.accept_token(tokenizer.convert_tokens_to_ids("<|call|>"))
-
-
 def test_a_forced_call_is_one_call_of_an_offered_tool_after_the_analysis() -> None:
     cache = harmony_cache()
     city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -67,12 +58,12 @@ def test_a_forced_call_is_one_call_of_an_offered_tool_after_the_analysis() -> No
     header = "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>"
     analysis = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant"
     for text in (analysis + header.format("get_weather") + '{"city": "Paris"}', header.format("get_time") + "{}"):
-        assert accepts_call(cache, required, text), text
+        assert accepts(cache, required, text, "<|call|>"), text
     for text in (header.format("get_weather") + '{"town": "Paris"}', header.format("get_date") + "{}",
                  analysis + "<|channel|>final<|message|>Sunny.", analysis):
-        assert not accepts_call(cache, required, text), text
+        assert not accepts(cache, required, text, "<|call|>"), text
     named = forced_call([("get_weather", city)])
-    assert not accepts_call(cache, named, header.format("get_time") + "{}")
+    assert not accepts(cache, named, header.format("get_time") + "{}", "<|call|>")
 
 
 def serve(fake_server, **fields):
