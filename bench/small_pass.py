@@ -32,24 +32,32 @@ PREFIX_LEN = 200  # committed slots before the tree
 CACHE_SLOTS = 1024
 
 
-def tree_segment(runner: DecoderRunner, cache, num_tokens: int, seed: int) -> Segment:
-    """`num_tokens` nodes of a tree whose root sits at slot PREFIX_LEN, written after 4 earlier nodes: each
-    sees the prefix and about half of the tree slots before it; positions prefix + depth (1-4)."""
+def tree_segment(runner: DecoderRunner, cache, num_tokens: int, seed: int, prefix_len: int = PREFIX_LEN) -> Segment:
+    """`num_tokens` nodes of a tree whose root sits at slot `prefix_len`, written after 4 earlier nodes: each
+    sees the prefix and about half of the tree slots before it; positions prefix + depth (1-4); on the
+    cache's device."""
     gen = torch.Generator().manual_seed(seed)
-    start = PREFIX_LEN + 5
+    start = prefix_len + 5
     allowed = torch.rand(num_tokens, start + num_tokens, generator=gen) < 0.5
-    allowed[:, :PREFIX_LEN] = True
-    positions = PREFIX_LEN + torch.randint(1, 5, (num_tokens,), generator=gen)
+    allowed[:, :prefix_len] = True
+    positions = prefix_len + torch.randint(1, 5, (num_tokens,), generator=gen)
     ids = torch.randint(3, runner.vocab_size, (num_tokens,), generator=gen)
-    return Segment(ids, positions, cache, start, allowed)
+    device = cache.device
+    return Segment(ids.to(device), positions.to(device), cache, start, allowed.to(device))
+
+
+def prefilled_cache(runner: DecoderRunner, prefix_len: int = PREFIX_LEN, slots: int = CACHE_SLOTS):
+    """A cache of `slots` slots holding `prefix_len` committed tokens (the prefix a tree_segment follows)."""
+    cache = runner.new_cache(slots)
+    runner.prefill(torch.arange(3, 3 + prefix_len, device=cache.device), cache, 512)
+    cache.length = prefix_len
+    return cache
 
 
 def pass_times(tokens: list[int], num_passes: int) -> dict[int, float]:
     """tokens -> median seconds (thread CPU time) of one draft pass over that many tree nodes."""
     runner = DecoderRunner(load_unmapped(str(DEFAULT_MODELS / "draft")))
-    cache = runner.new_cache(CACHE_SLOTS)
-    runner.prefill(torch.arange(3, 3 + PREFIX_LEN), cache, 512)
-    cache.length = PREFIX_LEN
+    cache = prefilled_cache(runner)
     out = {}
     for num_tokens in tokens:
         groups = [[tree_segment(runner, cache, num_tokens, num_tokens)]]

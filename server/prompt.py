@@ -77,12 +77,13 @@ class PromptBuilder:
         # <think> blocks read apart from the answer (server/reasoning.py)
         tags = think_tags(self.chat_template, tokenizer)
         self.think_tags = tags if reasoning_format == "auto" and self.harmony_drop_ids is None else None
-        self.reasoning = self.think_tags is not None
         log.info("reasoning: %s", f"{tags.open} blocks apart" if self.think_tags is not None else "none")
+        self._special_ids = frozenset(special_ids(tokenizer))
         # the tags' ids where they are special tokens (decoding would skip them, and the block with them)
-        added = tokenizer.get_added_vocab() if self.think_tags is not None else {}
-        self.special_think_ids = frozenset(added[tag] for tag in (tags.open, tags.close) if tag in added) & frozenset(
-            special_ids(tokenizer)) if added and tags is not None else frozenset()
+        added = tokenizer.get_added_vocab()
+        think = self.think_tags
+        tag_ids = {added.get(think.open), added.get(think.close)} if think is not None else set()
+        self.special_think_ids = frozenset(tag_ids & self._special_ids)
         self.fim = FimFormat.detect(tokenizer)  # None: no fill-in-the-middle tokens (server/fim.py)
         log.info("fill-in-the-middle: %s", f"{self.fim.name}, {self.fim.order}" if self.fim is not None else "none")
 
@@ -122,11 +123,16 @@ class PromptBuilder:
                                   "messages") from None
         return text
 
+    @property
+    def reasoning(self) -> bool:
+        """Whether a chat reply's reasoning block is read apart (the template names a tag pair, not harmony)."""
+        return self.think_tags is not None
+
     def reasoning_opening(self, request: SamplingRequest, prompt_ids: list[int]) -> Opening | None:
         """How a chat reply's `<think>` block may begin (server/reasoning.py): inside it when the generation
         prompt opened `<think>` itself, off when the prompt closed an empty block or the request sent
         `enable_thinking: false`; None: the reply's reasoning is not read apart (all of it is content)."""
-        if not self.reasoning or not isinstance(request, ChatCompletionRequest):
+        if self.think_tags is None or not isinstance(request, ChatCompletionRequest):
             return None
         thinking = (self.template_variables(request) or {}).get("enable_thinking") is not False
         return prompt_reasoning(self.tokenizer.decode(prompt_ids[-REASONING_TAIL:]), thinking, self.think_tags)
@@ -138,7 +144,7 @@ class PromptBuilder:
         drop = None if plan is None else plan.drop_ids
         if not reads_reasoning or not self.special_think_ids:
             return drop
-        return frozenset(special_ids(self.tokenizer) if drop is None else drop) - self.special_think_ids
+        return (self._special_ids if drop is None else drop) - self.special_think_ids
 
     def template_variables(self, request: ChatCompletionRequest) -> dict[str, Any] | None:
         """The chat template's extra variables for `request`: the server's --chat-template-kwargs, then

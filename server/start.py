@@ -42,12 +42,11 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
     opening = prompt.reasoning_opening(req, prompt_ids)  # None: no <think> block to read apart
     if params.structured_output is not None:  # --json-whitespace; a reasoning model thinks before the grammar
         grammar = dataclasses.replace(params.structured_output, json_whitespace=state.server_config.json_whitespace)
-        if grammar.reasoning is not None:  # a harmony call's grammar has its analysis block already
-            pass
-        elif isinstance(plan, HarmonyPlan) and plan.reasoning:  # GPT-OSS: its analysis, then the final answer
-            grammar = analysis_first(grammar)
-        elif opening is not None:
-            grammar = reasoning_first(grammar, opening, prompt.think_tags)
+        if grammar.reasoning is None:  # (a harmony call's grammar has its analysis block already)
+            if isinstance(plan, HarmonyPlan) and plan.reasoning:  # GPT-OSS: its analysis, then the final answer
+                grammar = analysis_first(grammar)
+            elif opening is not None:
+                grammar = reasoning_first(grammar, opening, prompt.think_tags)
         params = dataclasses.replace(params, structured_output=grammar)
     await check_structured_output(state, req, plan, params.structured_output)
     if fim_stops := prompt.stop_ids(req):  # fill-in-the-middle end markers (server/fim.py)
@@ -58,8 +57,9 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
     method = request_method(req.specexec, speculation)  # ours: server/trace.py
     traced = req.specexec is not None and bool(req.specexec.trace)
 
+    drop_ids = prompt.text_drop_ids(plan, reads_reasoning=opening is not None)
+
     def start(index: int, choice: SamplingParams) -> Generation:
-        drop_ids = prompt.text_drop_ids(plan, reads_reasoning=opening is not None)
         text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=drop_ids)
         logprobs = None if texts is None else LogprobFormat(texts, chat)
         tools = None if plan is None else plan.output(eager=bool(req.stream))

@@ -1,13 +1,13 @@
 """The draft's tree forward alone (issue 38's levers): a Llama-3.2-1B-shaped draft's forward over tree
 segments, as a growth round makes it (each segment `rows` nodes after a committed prefix, an explicit
-ancestor mask, positions prefix + depth), for 1 and 4 segments (one stream, four), eager and with the
-layers compiled (DecoderRunner.compile_layers).
+ancestor mask, positions prefix + depth: bench.small_pass's tree_segment), for 1 and 4 segments (one stream,
+four), eager and with the layers compiled (DecoderRunner.compile_layers).
 
 Per row: the host's time until the forward returns (its kernels queued), the wall time to its end
-(synchronized after each forward, as a growth's next selection is), the device's time between CUDA
-events around it, and the aten ops one forward dispatches. host ~ wall >> device: the forward is bound
-by launching its kernels (the full-shape run's 11-21 ms a draft forward), which fewer, fused kernels
-(compiled layers) or fewer segments' worth of attention calls would cut."""
+(synchronized after each forward, as a growth's next selection is), the device's time between CUDA events
+around it, and the aten ops one forward dispatches. host ~ wall >> device: the forward is bound by launching
+its kernels (the full-shape run's 11-21 ms a draft forward), which fewer, fused kernels (compiled layers) or
+fewer segments' worth of attention calls would cut."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.gpu_check.context import CheckContext
 from bench.gpu_check.fullshape_build import DRAFT_LOGIT_STD, build_draft
+from bench.small_pass import prefilled_cache, tree_segment
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner, Segment
 from engine.offload.device import synchronize
 
 PREFIX_LEN = 256  # committed slots before each tree
-CACHE_SLOTS = 1024
 WARMUP = 3  # forwards before the timed ones (the compiled forward compiles in these)
 TIMED = 20
 SEGMENTS = (1, 4)
@@ -62,27 +62,6 @@ def draft_heads(ctx: CheckContext, seed: int) -> dict[str, torch.Tensor]:
     return {"draft_embed": embed.to(ctx.dtype), "draft_head": (head * (DRAFT_LOGIT_STD / full.draft_hidden ** 0.5)).to(ctx.dtype)}
 
 
-def filled_cache(runner: DecoderRunner, device: torch.device) -> KVCache:
-    cache = runner.new_cache(CACHE_SLOTS)
-    runner.prefill(torch.arange(3, 3 + PREFIX_LEN, device=device), cache, PREFIX_LEN)
-    cache.length = PREFIX_LEN
-    return cache
-
-
-def tree_segment(cache: KVCache, rows: int, vocab_size: int, seed: int) -> Segment:
-    """`rows` tree nodes written after 8 earlier ones: each sees the prefix and about half the tree slots
-    before it; positions prefix + depth (1-8)."""
-    device = cache.device
-    generator = torch.Generator().manual_seed(seed)
-    start = PREFIX_LEN + 8
-    allowed = torch.rand(rows, start + rows, generator=generator) < 0.5
-    allowed[:, :PREFIX_LEN] = True
-    allowed[:, start:] = torch.eye(rows, dtype=torch.bool) | allowed[:, start:].tril(-1)
-    positions = PREFIX_LEN + torch.randint(1, 9, (rows,), generator=generator)
-    ids = torch.randint(3, vocab_size, (rows,), generator=generator)
-    return Segment(ids.to(device), positions.to(device), cache, start, allowed.to(device))
-
-
 def time_forwards(runner: DecoderRunner, groups: list[list[Segment]], device: torch.device) -> tuple[float, float, float]:
     """Median (host, wall, device) ms of TIMED forwards, each synchronized before the next."""
     host, wall, on_device = [], [], []
@@ -108,7 +87,7 @@ def measure(ctx: CheckContext, runner: DecoderRunner, caches: list[KVCache], com
     rows_out = []
     for segments in SEGMENTS:
         for rows in ROWS:
-            groups = [[tree_segment(caches[i], rows, runner.vocab_size, 7 * rows + i) for i in range(segments)]]
+            groups = [[tree_segment(runner, caches[i], rows, 7 * rows + i, PREFIX_LEN) for i in range(segments)]]
             for _ in range(WARMUP):
                 runner.forward_groups(groups)
             ops = 0
@@ -125,7 +104,7 @@ def draftpass_section(ctx: CheckContext) -> None:
     full = ctx.plan.full
     with torch.inference_mode():
         runner = build_draft(full, draft_heads(ctx, 11), ctx.device, ctx.dtype, 12)
-        caches = [filled_cache(runner, ctx.device) for _ in range(max(SEGMENTS))]
+        caches = [prefilled_cache(runner, PREFIX_LEN) for _ in range(max(SEGMENTS))]
         table = measure(ctx, runner, caches, compiled=False)
         begin = time.perf_counter()
         runner.compile_layers()

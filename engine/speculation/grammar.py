@@ -76,6 +76,7 @@ class GrammarCache:
         self._released: deque[StructuredOutput] = deque()
         self._compiling: dict[StructuredOutput, Future[xgrammar.CompiledGrammar]] = {}
         self._compilers: dict[tuple[str, ...], xgrammar.GrammarCompiler] = {}  # by the special tokens kept
+        self._special_texts: frozenset[str] | None = None  # the tokenizer's, on the first compile
         self._lock = threading.Lock()
 
     def compile(self, spec: StructuredOutput) -> xgrammar.CompiledGrammar:
@@ -149,11 +150,14 @@ class GrammarCache:
         return GrammarState(self.compile(spec), self.vocab_size, device)
 
     def _get_compiler(self, kept: tuple[str, ...]) -> xgrammar.GrammarCompiler:
-        """Made on first use, under the lock."""
-        key = tuple(sorted(set(kept)))
+        """Made on first use, under the lock; one per set of special tokens kept as text (a kept text that is
+        no special token of the tokenizer changes nothing, so it makes no compiler of its own)."""
+        if self.tokenizer is None:
+            raise StructuredOutputError("structured output needs the model's tokenizer, and this model has none")
+        if self._special_texts is None:
+            self._special_texts = special_texts(self.tokenizer)
+        key = tuple(sorted(set(kept) & self._special_texts))
         if key not in self._compilers:
-            if self.tokenizer is None:
-                raise StructuredOutputError("structured output needs the model's tokenizer, and this model has none")
             import xgrammar
 
             info = tokenizer_info(self.tokenizer, self.vocab_size, self.stop_token_ids, key)
@@ -187,6 +191,13 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
+
+
+def special_texts(tokenizer: Any) -> frozenset[str]:
+    """The texts of the tokenizer's special added tokens (what `tokenizer_info` may keep as text)."""
+    special = set(tokenizer.all_special_ids)
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    return frozenset(token.content for i, token in added.items() if token.special or i in special)
 
 
 def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],

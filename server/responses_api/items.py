@@ -143,9 +143,9 @@ def _call(item: Item, kind: str, index: int) -> Item:
         arguments = item.get("arguments") or "{}"
     else:
         arguments = call_arguments(_text(item.get("input"), f"input[{index}].input"))
-    _field(item, "name", index)
+    name = call_name(_field(item, "name", index), item.get("namespace"))  # qualified in a namespace
     return {"id": _field(item, "call_id", index), "type": "function",
-            "function": {"name": call_name(item), "arguments": arguments}}  # qualified in a namespace
+            "function": {"name": name, "arguments": arguments}}
 
 
 def _output_call_id(item: Item, kind: str, index: int) -> str:

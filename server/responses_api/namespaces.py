@@ -28,12 +28,10 @@ def qualified(namespace: str, name: str) -> str:
     return f"{namespace}{SEPARATOR}{name}"
 
 
-def call_name(item: Item) -> Any:
-    """A replayed call item's tool name as the model was offered it (qualified when it has a namespace)."""
-    name, namespace = item.get("name"), item.get("namespace")
-    if isinstance(namespace, str) and namespace and isinstance(name, str):
-        return qualified(namespace, name)
-    return name
+def call_name(name: str, namespace: Any) -> str:
+    """A tool's name as the model was offered it: qualified when a (replayed call's, or a named tool_choice's)
+    `namespace` is given."""
+    return qualified(namespace, name) if isinstance(namespace, str) and namespace else name
 
 
 def flatten(tools: list[Item]) -> tuple[list[Item], dict[str, tuple[str, str]]]:

@@ -25,7 +25,7 @@ from server.json_body import load_json_object
 from server.protocol import ChatCompletionRequest, check_supported, error_param
 from server.responses_api.custom_tools import custom_function
 from server.responses_api.items import chat_messages, conversation_tools
-from server.responses_api.namespaces import call_name, flatten
+from server.responses_api.namespaces import call_name
 from server.responses_api.store import MAX_ITEMS
 
 log = logging.getLogger("specexec.server")
@@ -146,10 +146,10 @@ def function_tools(tools: list[Item]) -> list[Item]:
     return out
 
 
-def custom_tool_names(tools: list[Item]) -> frozenset[str]:
-    """The names the custom tools are offered under (a namespace's qualified): the model's calls to them are
-    custom_tool_call items."""
-    return frozenset(str(tool.get("name")) for tool in flatten(tools)[0] if tool.get("type") == "custom")
+def custom_tool_names(flat_tools: list[Item]) -> frozenset[str]:
+    """The names the custom tools of `flat_tools` (namespaces flattened: namespaces.flatten) are offered
+    under: the model's calls to them are custom_tool_call items."""
+    return frozenset(str(tool.get("name")) for tool in flat_tools if tool.get("type") == "custom")
 
 
 def _ignore_tool_type(kind: str) -> None:
@@ -191,23 +191,22 @@ def input_items(request: ResponsesRequest) -> list[Item]:
 
 
 def chat_request(request: ResponsesRequest, items: list[Item], lookup: Callable[[str], Item | None],
-                 tools: list[Item] | None = None) -> ChatCompletionRequest:
+                 tools: list[Item]) -> ChatCompletionRequest:
     """The chat completion request that serves `request`; `items` is the whole conversation (history
     from previous_response_id first); `lookup` finds a stored item by id (item_reference); `tools`: the
-    tools offered (default: `request.offered_tools(items)`)."""
-    tools = request.offered_tools(items) if tools is None else tools
+    tools offered (`request.offered_tools(items)`), namespaces flattened (namespaces.flatten)."""
     messages = ([{"role": "system", "content": request.instructions}] if request.instructions else [])
     messages += chat_messages(items, lookup)
     body: dict[str, Any] = {
         "model": request.model, "messages": messages, "stream": request.stream,
         "max_tokens": request.max_output_tokens, "temperature": request.temperature, "top_p": request.top_p,
-        "tools": function_tools(flatten(tools)[0]) or None, "parallel_tool_calls": request.parallel_tool_calls,
+        "tools": function_tools(tools) or None, "parallel_tool_calls": request.parallel_tool_calls,
         "response_format": request.response_format(), "user": request.user, "seed": request.seed,
         "top_k": request.top_k, "min_p": request.min_p, "stop": request.stop,
         "chat_template_kwargs": request.template_kwargs(),
     }
     choice = request.tool_choice
-    body["tool_choice"] = {"type": "function", "function": {"name": call_name(choice.model_dump())}} \
+    body["tool_choice"] = {"type": "function", "function": {"name": call_name(choice.name, choice.namespace)}} \
         if isinstance(choice, NamedTool) else choice
     try:
         chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})

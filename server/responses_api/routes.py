@@ -107,8 +107,6 @@ async def _create(request: Request, state: ServerState) -> Response:
     return Response(content, media_type="application/json", headers={"x-request-id": head.id})
 
 
-
-
 def _incomplete(gen: Generation) -> bool:
     assert gen.finish_reason is not None
     reason = gen.finish_reason if gen.tools is None else gen.tools.finish_reason(gen.finish_reason)
@@ -134,9 +132,9 @@ def _prepare(req: ResponsesRequest, history: list[dict[str, Any]], history_bytes
              ) -> tuple[ChatCompletionRequest, PendingResponse | None, CallNames]:
     """The chat request (in a preparation lane: item_reference lookups and the conversation's messages),
     with `store` what the response will keep, and how the model's calls of the tools offered become items."""
-    tools = req.offered_tools(history + own)
+    tools, members = flatten(req.offered_tools(history + own))  # a namespace's tools under qualified names
     chat = chat_request(req, history + own, store.item, tools)
-    names = CallNames(custom_tool_names(tools), flatten(tools)[1])
+    names = CallNames(custom_tool_names(tools), members)
     if req.store is False:
         return chat, None, names
     kept, kept_bytes = stored_items(own)

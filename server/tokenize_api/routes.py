@@ -20,12 +20,14 @@ tokenization run in the preparation lanes (server/preparation.py), chosen by the
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 
 from server.errors import APIError
 from server.limits import read_body
+from server.preparation import Lane
 from server.prompt import PromptBuilder
 from server.protocol import check_token_ids
 from server.security import require_json
@@ -40,6 +42,8 @@ from server.tokenize_api.request import (
     parse_tokenize,
 )
 
+T = TypeVar("T")
+
 
 def tokenize_router() -> APIRouter:
     """The routes, to be included at the root (behind the API key check)."""
@@ -51,32 +55,36 @@ def tokenize_router() -> APIRouter:
 
 
 async def tokenize(request: Request) -> dict[str, Any]:
-    state: ServerState = request.app.state.specexec
-    try:
-        raw = await _body(request, state)
-        lane = state.preparation.lane(len(raw))
+    async def answer(state: ServerState, raw: bytes, lane: Lane) -> dict[str, Any]:
         req = await lane.run(parse_tokenize, raw)
         _, prompt = state.require_ready()
         if not isinstance(req, LlamaTokenize):
             state.check_model(req.model)
         return await lane.run(tokenized, prompt, req)
-    except APIError as exc:
-        state.metrics.rejected.labels("tokenize", str(exc.status)).inc()
-        raise
+
+    return await _counted(request, "tokenize", answer)
 
 
 async def detokenize(request: Request) -> dict[str, str]:
-    state: ServerState = request.app.state.specexec
-    try:
-        raw = await _body(request, state)
-        lane = state.preparation.lane(len(raw))
+    async def answer(state: ServerState, raw: bytes, lane: Lane) -> dict[str, str]:
         req = await lane.run(parse_detokenize, raw)
         _, prompt = state.require_ready()
         state.check_model(req.model)
         text = await lane.run(detokenized, prompt, req)
         return {"content": text, "prompt": text}
+
+    return await _counted(request, "detokenize", answer)
+
+
+async def _counted(request: Request, endpoint: str, answer: Callable[[ServerState, bytes, Lane], Awaitable[T]]) -> T:
+    """`answer(state, body, lane)` for the body in its lane (chosen by the body's size); an APIError is counted
+    as rejected under `endpoint` and raised."""
+    state: ServerState = request.app.state.specexec
+    try:
+        raw = await _body(request, state)
+        return await answer(state, raw, state.preparation.lane(len(raw)))
     except APIError as exc:
-        state.metrics.rejected.labels("detokenize", str(exc.status)).inc()
+        state.metrics.rejected.labels(endpoint, str(exc.status)).inc()
         raise
 
 

@@ -96,20 +96,14 @@ class Qwen3CoderFormat:
     xml: ClassVar[bool] = True
 
 
-class Glm45Format:
+class Glm45Format(Qwen3CoderFormat):
+    """qwen3_coder's block, keys and values in GLM's markup (the rest of the record is the same)."""
+
     name: ClassVar[str] = "glm45"
     markers: ClassVar[tuple[str, ...]] = ("<tool_call>",)
     special_tokens: ClassVar[tuple[str, ...]] = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
                                                  "<arg_value>", "</arg_value>")
-    grammar_markers: ClassVar[tuple[str, ...]] = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
-                                                  "<arg_value>", "</arg_value>")
-    args_keys: ClassVar[tuple[str, ...]] = ()
-    bare_json: ClassVar[bool] = False
-    array: ClassVar[bool] = False
-    named_args: ClassVar[bool] = False
-    end_marker: ClassVar[str] = "</tool_call>"
-    separators: ClassVar[str] = ""
-    xml: ClassVar[bool] = True
+    grammar_markers: ClassVar[tuple[str, ...]] = special_tokens
 
 
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat(),

@@ -15,9 +15,9 @@ import json
 import jsonschema
 import pytest
 
-from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
+from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.runtime import Engine
-from engine.types import ReasoningBlock, SamplingParams, StructuredOutput
+from engine.types import ReasoningBlock, Request, SamplingParams, StructuredOutput
 from server.toolcalls.grammar import tool_call_grammar
 from tests.helpers.think_model import CLOSE, OPEN, REASONING, make_think_pair
 
@@ -31,8 +31,14 @@ MAX_TOKENS = 128  # the block and a Hermes call: about 100 tokens of the tiny vo
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory) -> dict[tuple[str, int], Engine]:
+def pair(tmp_path_factory) -> tuple[str, str]:
     target, draft = make_think_pair(tmp_path_factory.mktemp("think-pair"))
+    return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def engines(pair) -> dict[tuple[str, int], Engine]:
+    target, draft = pair
     base = Engine.load(EngineConfig(model=ModelConfig(target=str(target), draft=str(draft)),
                                     speculation=SpeculationConfig(budget=max(BUDGETS)),
                                     limits=LimitsConfig(max_context=256)))
@@ -74,3 +80,36 @@ def test_speculative_greedy_equals_autoregressive_under_the_wrapped_grammar(engi
         jsonschema.validate(json.loads(rest[len(head):-len(tail)]), SCHEMA)
     for budget in BUDGETS:
         assert engines[(method, budget)].generate_ids(prompt, params) == want, (budget, text)
+
+
+def test_batched_and_streamed_with_overlap_equal_autoregressive(pair, engines) -> None:
+    """Both wrapped grammars (block optional; block opened by the prompt) in one target pass, the target
+    streamed from RAM, overlap on: each request's tokens are its autoregressive ones."""
+    cases = [(JSON_SPEC, False), (TOOL_SPEC, True)]
+    reference = engines[("autoregressive", 1)]
+    requests, want = [], {}
+    for i, (spec, opened) in enumerate(cases):
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS,
+                                structured_output=dataclasses.replace(spec, reasoning=ReasoningBlock(opened=opened)))
+        prompt = chat_prompt(reference, opened)
+        want[f"r{i}"] = reference.generate_ids(prompt, params)
+        answer(reference.tokenizer.decode(want[f"r{i}"]), opened)  # the block came first
+        requests.append(Request(f"r{i}", prompt, params))
+    target, draft = pair
+    engine = Engine.load(EngineConfig(
+        model=ModelConfig(target=target, draft=draft), speculation=SpeculationConfig(budget=16, overlap=True),
+        offload=OffloadConfig(enabled=True, source="ram", resident_layers=0), limits=LimitsConfig(max_context=256)))
+    try:
+        for request in requests:
+            engine.add_request(request)
+        got: dict[str, list[int]] = {request.request_id: [] for request in requests}
+        shared = 0  # steps whose target pass served both requests
+        while engine.num_running:
+            output = engine.step()
+            shared += output.stats is not None and output.stats.num_requests == 2
+            for delta in output.deltas:
+                got[delta.request_id] += delta.token_ids
+    finally:
+        engine.close()
+    assert got == want
+    assert shared > 0
