@@ -50,6 +50,8 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                                 "method specexec: unseeded requests at this temperature or above grow SpecInfer trees"),
     "--overlap": ("speculation", "overlap", "on_off", "on: the draft grows trees while the target scores them "
                   "(and seeds the next tree); off: draft, then target; auto (default): on for CUDA, off on a CPU"),
+    "--draft-graphs": ("speculation", "draft_graphs", "on_off", "on: the draft's tree forwards replayed as CUDA graphs "
+                       "(one launch for a forward's ~1,000 kernels); auto (default): on for CUDA, off on a CPU"),
     "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),
     "--resident-layers": ("offload", "resident_layers", int,
                           "target layers kept on the device (default: as many as --gpu-memory allows)"),
@@ -67,6 +69,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
 }
 CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "rrs", "autoregressive"),
            "--offload-source": ("ram", "disk"), "--overlap": ("auto", "on", "off"),
+           "--draft-graphs": ("auto", "on", "off"),
            "--gptq-kernel": ("auto", "int4", "dequantize")}
 
 

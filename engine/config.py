@@ -92,12 +92,16 @@ class SpeculationConfig:
     # tree; off: draft, then target. auto: on for CUDA, off on a CPU, where the pass is compute-bound
     # and overlap measured 0.86-0.98x (docs/bench/overlap.md)
     overlap: bool | Literal["auto"] = "auto"
+    # the draft's tree forwards replayed as CUDA graphs, one per shape (engine.model.draft_graphs): a small
+    # draft's forward is bound by launching its kernels (docs/bench/gpu.md). on with a CPU draft: the same
+    # static forward, run without capture. auto: on for CUDA, off on a CPU
+    draft_graphs: bool | Literal["auto"] = "auto"
 
     def resolved(self, device_type: str) -> SpeculationConfig:
-        """This config with overlap 'auto' decided for a device of `device_type`."""
-        if self.overlap != "auto":
-            return self
-        return dataclasses.replace(self, overlap=device_type == "cuda")
+        """This config with overlap and draft_graphs 'auto' decided for a device of `device_type`."""
+        cuda = device_type == "cuda"
+        return dataclasses.replace(self, overlap=cuda if self.overlap == "auto" else self.overlap,
+                                   draft_graphs=cuda if self.draft_graphs == "auto" else self.draft_graphs)
 
     def extension_budget(self, budget: int) -> int:
         """Nodes a tree may grow to during its pass (overlap): EXTENSION_FACTOR x the step's budget; 0 off."""
@@ -138,6 +142,8 @@ class SpeculationConfig:
         require(0.0 < self.decay <= 1.0, "speculation.decay", f"must be in (0, 1], got {self.decay!r}")
         require(self.overlap in (True, False, "auto"), "speculation.overlap",
                 f"must be on, off or auto, got {self.overlap!r}")
+        require(self.draft_graphs in (True, False, "auto"), "speculation.draft_graphs",
+                f"must be on, off or auto, got {self.draft_graphs!r}")
         require(
             isinstance(self.greedy_tree_temperature, int | float) and 0.0 < self.greedy_tree_temperature <= 2.0,
             "speculation.greedy_tree_temperature",

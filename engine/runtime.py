@@ -25,6 +25,7 @@ import torch
 
 from engine.config import EngineConfig, Method, SpeculationConfig
 from engine.model import checkpoint, faults, memory, memory_plan
+from engine.model.draft_graphs import DraftGraphs, graphable
 from engine.model.kv_pool import Acquired, KVPool, KVSlot
 from engine.model.pair import LoadedPair, load_pair
 from engine.offload.device import PassStreams
@@ -71,9 +72,21 @@ class Engine:
         self.max_running = config.limits.max_running
         overlap = spec.overlap and pair.draft is not None and spec.method != "autoregressive"
         self.pass_streams = PassStreams(self.device) if overlap else None  # the draft beside the target pass
+        self._use_draft_graphs(bool(spec.draft_graphs) and spec.method != "autoregressive")
         self.pool: KVPool | None = None  # allocated by reserve_memory (or the first request)
         self.shape_book = ShapeBook(self.device, config.speculation.decay)  # RRS trees' evidence across requests
         self.scheduler: Scheduler | None = None
+
+    def _use_draft_graphs(self, wanted: bool) -> None:
+        """The draft's tree forwards as CUDA graphs (a static pass, uncaptured on a CPU) where its pass has a
+        static form; graphs already captured are kept across engines over the same pair."""
+        draft = self.pair.draft
+        if draft is None:
+            return
+        if not (wanted and graphable(draft)):
+            draft.graphs = None
+        elif draft.graphs is None:
+            draft.graphs = DraftGraphs(draft, capture=draft.device.type == "cuda")
 
     @classmethod
     def load(cls, config: EngineConfig) -> Engine:

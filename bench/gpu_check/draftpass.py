@@ -1,13 +1,14 @@
 """The draft's tree forward alone (issue 38's levers): a Llama-3.2-1B-shaped draft's forward over tree
 segments, as a growth round makes it (each segment `rows` nodes after a committed prefix, an explicit
 ancestor mask, positions prefix + depth: bench.small_pass's tree_segment), for 1 and 4 segments (one stream,
-four), eager and with the layers compiled (DecoderRunner.compile_layers).
+four), eager, replayed as CUDA graphs (engine.model.draft_graphs: the static pass, uncaptured on a CPU) and with
+the layers compiled (DecoderRunner.compile_layers).
 
 Per row: the host's time until the forward returns (its kernels queued), the wall time to its end
 (synchronized after each forward, as a growth's next selection is), the device's time between CUDA events
 around it, and the aten ops one forward dispatches. host ~ wall >> device: the forward is bound by launching
-its kernels (the full-shape run's 11-21 ms a draft forward), which fewer, fused kernels (compiled layers) or
-fewer segments' worth of attention calls would cut."""
+its kernels (the full-shape run's 11-21 ms a draft forward), which one graph launch, fewer, fused kernels
+(compiled layers) or fewer segments' worth of attention calls would cut."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from bench.gpu_check.context import CheckContext
 from bench.gpu_check.fullshape_build import DRAFT_LOGIT_STD, build_draft
 from bench.small_pass import prefilled_cache, tree_segment
+from engine.model.draft_graphs import DraftGraphs
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner, Segment
 from engine.offload.device import synchronize
@@ -32,15 +34,18 @@ SEGMENTS = (1, 4)
 ROWS = (16, 64)  # nodes a segment expands in one forward (a growth's K at budget 256: 16-64)
 
 
+VARIANTS = ("eager", "graphs", "compiled")
+
+
 @dataclass(frozen=True)
 class DraftPassRow:
-    compiled: bool
+    variant: str  # one of VARIANTS
     segments: int
     rows: int
     host_ms: float  # median, until forward_groups returned
     wall_ms: float  # median, until the device finished it
     device_ms: float  # median, CUDA events (wall on the CPU)
-    aten_ops: int  # one forward's dispatched aten ops (eager); 0 when not counted
+    aten_ops: int  # one forward's dispatched aten ops (eager, and graphs: outside the replay); 0 when not counted
 
 
 class OpCounter(TorchDispatchMode):
@@ -83,7 +88,7 @@ def time_forwards(runner: DecoderRunner, groups: list[list[Segment]], device: to
     return statistics.median(host), statistics.median(wall), statistics.median(on_device)
 
 
-def measure(ctx: CheckContext, runner: DecoderRunner, caches: list[KVCache], compiled: bool) -> list[DraftPassRow]:
+def measure(ctx: CheckContext, runner: DecoderRunner, caches: list[KVCache], variant: str) -> list[DraftPassRow]:
     rows_out = []
     for segments in SEGMENTS:
         for rows in ROWS:
@@ -91,12 +96,12 @@ def measure(ctx: CheckContext, runner: DecoderRunner, caches: list[KVCache], com
             for _ in range(WARMUP):
                 runner.forward_groups(groups)
             ops = 0
-            if not compiled:
+            if variant != "compiled":  # a replay dispatches no aten op: what graphs count runs outside it
                 with OpCounter() as counter:
                     runner.forward_groups(groups)
                 ops = counter.count
             host, wall, device = time_forwards(runner, groups, ctx.device)
-            rows_out.append(DraftPassRow(compiled, segments, rows, host, wall, device, ops))
+            rows_out.append(DraftPassRow(variant, segments, rows, host, wall, device, ops))
     return rows_out
 
 
@@ -105,22 +110,28 @@ def draftpass_section(ctx: CheckContext) -> None:
     with torch.inference_mode():
         runner = build_draft(full, draft_heads(ctx, 11), ctx.device, ctx.dtype, 12)
         caches = [prefilled_cache(runner, PREFIX_LEN) for _ in range(max(SEGMENTS))]
-        table = measure(ctx, runner, caches, compiled=False)
+        table = measure(ctx, runner, caches, "eager")
+        runner.graphs = DraftGraphs(runner, capture=ctx.device.type == "cuda")
+        table += measure(ctx, runner, caches, "graphs")
+        graphs = len(runner.graphs.passes)
+        runner.graphs = None
         begin = time.perf_counter()
         runner.compile_layers()
-        table += measure(ctx, runner, caches, compiled=True)
-        compile_s = time.perf_counter() - begin - sum(r.wall_ms for r in table if r.compiled) * TIMED / 1e3
+        table += measure(ctx, runner, caches, "compiled")
+        compile_s = time.perf_counter() - begin - sum(r.wall_ms for r in table if r.variant == "compiled") * TIMED / 1e3
     report = ctx.report
     report.line(f"Draft: {full.draft_layers} Llama layers, hidden {full.draft_hidden}, vocabulary {full.vocab_size}, "
                 f"{ctx.dtype}; each segment after {PREFIX_LEN} committed slots; median of {TIMED} forwards, "
                 "each synchronized before the next.")
-    report.table("layers", "segments", "rows each", "host ms (queued)", "wall ms", "device ms", "aten ops a forward",
+    report.table("forward", "segments", "rows each", "host ms (queued)", "wall ms", "device ms", "aten ops a forward",
                  "host / device")
     for r in table:
-        report.row("compiled" if r.compiled else "eager", r.segments, r.rows, f"{r.host_ms:.2f}", f"{r.wall_ms:.2f}",
+        report.row(r.variant, r.segments, r.rows, f"{r.host_ms:.2f}", f"{r.wall_ms:.2f}",
                    f"{r.device_ms:.2f}", r.aten_ops or "-", f"{r.host_ms / max(r.device_ms, 1e-6):.1f}")
     report.line()
-    eager = {(r.segments, r.rows): r.wall_ms for r in table if not r.compiled}
-    report.line("Compiled / eager wall time: " + ", ".join(
-        f"{s} x {n}: {r.wall_ms / eager[(s, n)]:.2f}x" for r in table if r.compiled for s, n in [(r.segments, r.rows)])
-        + f"; compiling (warm-up forwards included) took about {max(compile_s, 0.0):.0f} s.")
+    eager = {(r.segments, r.rows): r.wall_ms for r in table if r.variant == "eager"}
+    for variant in VARIANTS[1:]:
+        report.line(f"{variant.capitalize()} / eager wall time: " + ", ".join(
+            f"{r.segments} x {r.rows}: {r.wall_ms / eager[(r.segments, r.rows)]:.2f}x" for r in table if r.variant == variant))
+    report.line(f"{graphs} graphs captured (one per shape); compiling (warm-up forwards included) took about "
+                f"{max(compile_s, 0.0):.0f} s.")

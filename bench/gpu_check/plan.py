@@ -27,6 +27,7 @@ class FullShape:
     memory_cap_gb: float = 23.0  # the caching allocator's cap (a 24 GB card, less the CUDA context)
     budgets: tuple[int, ...] = (256, 1024)
     streams: tuple[int, ...] = (1, 4)
+    draft_graphs: tuple[bool, ...] = (False, True)  # the draft's forwards eager, then as CUDA graphs
     prompt_len: int = 64  # each stream's prompt
     warmup_steps: int = 2  # steps before the measured ones (each stream's prefill, a seed to grow from)
     measured_steps: int = 3

@@ -51,6 +51,11 @@ class SegmentInputs:
         self.layer_rows = self.cache.layer_rows
         self.rows = slice(self.row_begin, self.row_end)
 
+    def write(self, row: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """key, value [1, kv_heads, n, head_dim] into the segment's slots of cache row `row` (one copy each)."""
+        self.new_keys[row].copy_(key)
+        self.new_values[row].copy_(value)
+
 
 @dataclass
 class GroupInputs:
@@ -105,8 +110,7 @@ def attend_layer(
             q, k, v = query, key, value
         else:
             q, k, v = query[:, :, s.rows], key[:, :, s.rows], value[:, :, s.rows]
-        s.new_keys[row].copy_(k)  # [1, kv_heads, n, head_dim] into slots [start_slot, start_slot + n)
-        s.new_values[row].copy_(v)
+        s.write(row, k, v)  # [1, kv_heads, n, head_dim] into the segment's slots
         mask = segment_mask(s, window, group.dtype)
         if softcap is None and sinks is None:
             outs.append(attend_heads(q, s.keys[row], s.values[row], mask, scaling))  # [1, n, heads, head_dim]

@@ -59,6 +59,12 @@ class LayerSource(Protocol):
     def layer(self, idx: int) -> AbstractContextManager[nn.Module]: ...
 
 
+class GroupForward(Protocol):
+    """Runs one group's pass another way (engine.model.draft_graphs), or returns None to leave it to the loop."""
+
+    def forward(self, group: list[Segment]) -> list[torch.Tensor | None] | None: ...
+
+
 class ResidentLayers:
     """All layers live on the compute device."""
 
@@ -134,6 +140,7 @@ class DecoderRunner:
         # per layer: its class's forward, called as forward(layer, ...): no module hooks (the engine sets none)
         self.layer_forwards = [plain_forward(type(layer)) for layer in self.hf_layers]
         self.attention_backends: list[SDPBackend] | None = None  # None: by device; a GPU check may pin one
+        self.graphs: GroupForward | None = None  # a draft's one-group passes as CUDA graphs (engine.model.draft_graphs)
 
     def compile_layers(self) -> None:
         """The decoder layers' forwards through torch.compile (dynamic shapes): their norms, rotary and MLP
@@ -212,6 +219,10 @@ class DecoderRunner:
         projections, MLP) as one [1, rows, hidden] block, and each attends over its own cache. A
         segment sees what earlier groups wrote at that layer (prefill chunks, then trees after them).
         Returns, per group and segment, [rows, vocab] float32 logits (None where no rows are asked)."""
+        if self.graphs is not None and len(groups) == 1:
+            outputs = self.graphs.forward(groups[0])
+            if outputs is not None:
+                return [outputs]
         plans = [self._group_inputs(group) for group in groups]
         hidden = [self.embed(group[0].input_ids if len(group) == 1 else torch.cat([s.input_ids for s in group]))[None]
                   for group in groups]

@@ -1,0 +1,173 @@
+"""The draft's tree forwards as CUDA graphs (engine.model.draft_graphs): the static pass they capture agrees
+with the eager pass (logits and the keys and values it writes), takes only the passes it can, and a pair whose
+draft runs it grows the same trees and emits the target alone's tokens. On a CPU the static pass runs
+uncaptured; the `cuda` tests replay real graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
+from engine.model.draft_graphs import KV_MIN, ROW_BUCKETS, DraftGraphs, kv_span, row_bucket
+from engine.model.runner import DecoderRunner, Segment
+from engine.runtime import Engine
+from engine.types import Request, SamplingParams
+from tests.helpers.reference import plain_loop
+from tests.helpers.tiny_models import build_model, make_tiny_pair
+
+PREFIX = 40
+
+
+def prefilled(runner: DecoderRunner, capacity: int) -> object:
+    cache = runner.new_cache(capacity)
+    runner.prefill(torch.arange(3, 3 + PREFIX, device=runner.device), cache, 64)
+    cache.length = PREFIX
+    return cache
+
+
+def tree_segment(runner: DecoderRunner, cache, rows: int, seed: int, last_only: bool = False) -> Segment:
+    """`rows` tree nodes after the prefix and 3 earlier nodes: each sees the prefix, itself and about half the
+    slots between; positions prefix + depth."""
+    generator = torch.Generator().manual_seed(seed)
+    start = PREFIX + 3
+    allowed = torch.rand(rows, start + rows, generator=generator) < 0.5
+    allowed[:, :PREFIX] = True
+    allowed[:, start:] |= torch.eye(rows, dtype=torch.bool)
+    positions = PREFIX + torch.randint(0, 4, (rows,), generator=generator)
+    ids = torch.randint(3, runner.vocab_size, (rows,), generator=generator)
+    device = runner.device
+    logit_rows = torch.tensor([rows - 1], device=device) if last_only else None
+    return Segment(ids.to(device), positions.to(device), cache, start, allowed.to(device), logit_rows)
+
+
+def both_ways(runner: DecoderRunner, rows: list[int], capture: bool, seed: int = 0, capacity: int = 1500):
+    """Eager and static logits of one group (a segment per entry of `rows`, each over its own fresh cache,
+    the first asking for its last row only), and the caches each way wrote."""
+    graphs = DraftGraphs(runner, capture=capture)
+    out = []
+    for static in (False, True):
+        caches = [prefilled(runner, capacity) for _ in rows]
+        group = [tree_segment(runner, cache, n, seed + 7 * i, last_only=i == 0) for i, (cache, n) in
+                 enumerate(zip(caches, rows, strict=True))]
+        logits = graphs.forward(group) if static else runner.forward_groups([group])[0]
+        out.append((logits, caches, group))
+    return out, graphs
+
+
+def test_buckets_and_spans() -> None:
+    assert [row_bucket(n) for n in (1, 8, 9, 64, 65, 128)] == [8, 8, 16, 64, 128, 128]
+    assert row_bucket(ROW_BUCKETS[-1] + 1) is None
+    assert kv_span(10, 4096) == KV_MIN and kv_span(KV_MIN + 1, 4096) == 2 * KV_MIN
+    assert kv_span(100, 300) == 300  # a small cache: its whole capacity
+    assert kv_span(301, 300) is None
+
+
+@pytest.mark.parametrize("rows", [[1], [5], [8], [13], [5, 13, 2]])
+def test_static_pass_agrees_with_the_eager_pass(rows) -> None:
+    runner = DecoderRunner(build_model("llama", 320, seed=3, layers=2))
+    with torch.inference_mode():
+        ((eager, eager_caches, group), (static, static_caches, _)), graphs = both_ways(runner, rows, capture=False)
+        assert len(graphs.passes) == 1
+        for a, b in zip(eager, static, strict=True):
+            assert a.shape == b.shape
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        for e, s, seg in zip(eager_caches, static_caches, group, strict=True):
+            end = seg.start_slot + seg.input_ids.shape[0]  # slots the eager pass wrote (and the prefix)
+            torch.testing.assert_close(s.keys[:, :, :end], e.keys[:, :, :end], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(s.values[:, :, :end], e.values[:, :, :end], rtol=1e-4, atol=1e-4)
+            assert torch.isfinite(s.keys).all() and torch.isfinite(s.values).all()  # padded rows' slots too
+
+
+def test_passes_without_a_static_form_are_left_to_the_loop() -> None:
+    runner = DecoderRunner(build_model("llama", 320, seed=3, layers=2))
+    graphs = DraftGraphs(runner, capture=False)
+    with torch.inference_mode():
+        cache = prefilled(runner, 1500)
+        too_many = tree_segment(runner, cache, ROW_BUCKETS[-1] + 1, 1)
+        assert graphs.forward([too_many]) is None
+        small = prefilled(runner, PREFIX + 3 + 4)  # no room for the padded rows
+        assert graphs.forward([tree_segment(runner, small, 5, 1)]) is None
+        causal = tree_segment(runner, cache, 5, 1)
+        causal.allowed = None
+        assert graphs.forward([causal]) is None
+    assert not graphs.passes
+
+
+def run_pair(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[dict[str, list[int]], list[int]]:
+    for i, prompt in enumerate(prompts):
+        engine.add_request(Request(f"r{i}", prompt, params))
+    emitted: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    per_step = []
+    while engine.num_running:
+        output = engine.step()
+        per_step.append(output.stats.num_emitted if output.stats is not None else 0)
+        for delta in output.deltas:
+            emitted[delta.request_id] += delta.token_ids
+    return emitted, per_step
+
+
+@pytest.mark.parametrize("streams,overlap", [(1, False), (2, True)])
+def test_a_draft_on_the_static_pass_grows_the_same_trees_and_emits_the_targets_tokens(tmp_path, streams, overlap) -> None:
+    target_path, draft_path = make_tiny_pair(tmp_path, arch="llama", draft="noisy", seed=4)
+    prompts = [[5, 6, 7, 8, 9], [40, 41, 42]][:streams]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    runs = {}
+    for graphs in (False, True):
+        engine = Engine.load(EngineConfig(
+            model=ModelConfig(target=str(target_path), draft=str(draft_path)),
+            speculation=SpeculationConfig(budget=16, max_depth=6, overlap=overlap, draft_graphs=graphs),
+            limits=LimitsConfig(max_context=128)))
+        assert (engine.pair.draft.graphs is not None) == graphs
+        runs[graphs] = run_pair(engine, prompts, params)
+        if graphs:
+            assert engine.pair.draft.graphs.passes  # the draft's forwards took the static pass
+    assert runs[True][1] == runs[False][1]  # tokens per step: the same trees, to rounding
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+    for i, prompt in enumerate(prompts):
+        assert runs[True][0][f"r{i}"] == plain_loop(target, prompt, params, 16)
+
+
+def test_draft_graphs_default_off_on_a_cpu(tmp_path) -> None:
+    target_path, draft_path = make_tiny_pair(tmp_path, arch="llama", draft="noisy", seed=4)
+    engine = Engine.load(EngineConfig(model=ModelConfig(target=str(target_path), draft=str(draft_path)),
+                                      limits=LimitsConfig(max_context=128)))
+    assert engine.config.speculation.draft_graphs is False and engine.pair.draft.graphs is None
+
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captured_graphs_replay_the_eager_pass_for_new_inputs() -> None:
+    runner = DecoderRunner(build_model("llama", 320, seed=3, layers=2).cuda())
+    with torch.inference_mode():
+        graphs = DraftGraphs(runner, capture=True)
+        for seed in (0, 1, 2):  # one capture, then replays with other trees of the same shape
+            eager_caches = [prefilled(runner, 1500) for _ in range(3)]
+            caches = [prefilled(runner, 1500) for _ in range(3)]
+            eager = runner.forward_groups([[tree_segment(runner, c, n, seed + i, i == 0)
+                                            for i, (c, n) in enumerate(zip(eager_caches, (5, 13, 2), strict=True))]])[0]
+            group = [tree_segment(runner, c, n, seed + i, i == 0) for i, (c, n) in enumerate(zip(caches, (5, 13, 2), strict=True))]
+            static = graphs.forward(group)
+            assert static is not None and not graphs.failed
+            for a, b in zip(eager, static, strict=True):
+                torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)
+        assert len(graphs.passes) == 1 and next(iter(graphs.passes.values())).graph is not None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_graphed_draft_on_cuda_emits_the_targets_tokens(tmp_path) -> None:
+    target_path, draft_path = make_tiny_pair(tmp_path, arch="llama", draft="noisy", seed=4)
+    engine = Engine.load(EngineConfig(
+        model=ModelConfig(target=str(target_path), draft=str(draft_path), device="cuda", dtype="float32"),
+        speculation=SpeculationConfig(budget=16, max_depth=6), limits=LimitsConfig(max_context=128)))
+    assert engine.pair.draft.graphs is not None  # auto: on for CUDA
+    prompts = [[5, 6, 7, 8, 9], [40, 41, 42]]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    emitted, _ = run_pair(engine, prompts, params)
+    assert engine.pair.draft.graphs.passes and not engine.pair.draft.graphs.failed
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+    for i, prompt in enumerate(prompts):
+        assert emitted[f"r{i}"] == plain_loop(target, prompt, params, 16)
