@@ -203,11 +203,10 @@ class Engine:
         # a hybrid model's caches: rows of its uncommitted tokens (tree nodes, expanded draft nodes)
         target_pending, draft_pending = memory_plan.pending_slots(self.max_context, self.budget, spec.max_depth,
                                                                   spec.max_expand)
-        slots = [
-            KVSlot(target.new_cache(target_capacity, target_pending),
-                   draft.new_cache(draft_capacity, draft_pending) if draft else None)
-            for _ in range(num_slots)
-        ]
+        drafts = draft.new_caches(num_slots, draft_capacity, draft_pending) if draft else [None] * num_slots
+        slots = [KVSlot(target.new_cache(target_capacity, target_pending), draft_cache) for draft_cache in drafts]
+        if draft is not None and draft.graphs is not None:
+            draft.graphs.forget()  # graphs over an earlier pool's caches
         return KVPool(slots, reuse)
 
     def _use_pool(self, pool: KVPool) -> None:

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.gpu_check.context import CheckContext
 from bench.gpu_check.fullshape_build import DRAFT_LOGIT_STD, build_draft
-from bench.small_pass import prefilled_cache, tree_segment
+from bench.small_pass import CACHE_SLOTS, tree_segment
 from engine.model.draft_graphs import DraftGraphs
 from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner, Segment
@@ -34,7 +34,7 @@ SEGMENTS = (1, 4)
 ROWS = (16, 64)  # nodes a segment expands in one forward (a growth's K at budget 256: 16-64)
 
 
-VARIANTS = ("eager", "graphs", "compiled")
+VARIANTS = ("eager", "graphs", "compiled", "compiled graphs")
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def measure(ctx: CheckContext, runner: DecoderRunner, caches: list[KVCache], var
             for _ in range(WARMUP):
                 runner.forward_groups(groups)
             ops = 0
-            if variant != "compiled":  # a replay dispatches no aten op: what graphs count runs outside it
+            if variant in ("eager", "graphs"):  # a replay dispatches no aten op: what graphs count runs outside it
                 with OpCounter() as counter:
                     runner.forward_groups(groups)
                 ops = counter.count
@@ -109,7 +109,10 @@ def draftpass_section(ctx: CheckContext) -> None:
     full = ctx.plan.full
     with torch.inference_mode():
         runner = build_draft(full, draft_heads(ctx, 11), ctx.device, ctx.dtype, 12)
-        caches = [prefilled_cache(runner, PREFIX_LEN) for _ in range(max(SEGMENTS))]
+        caches = runner.new_caches(max(SEGMENTS), CACHE_SLOTS)  # one block, as the KV pool's draft caches
+        for cache in caches:
+            runner.prefill(torch.arange(3, 3 + PREFIX_LEN, device=ctx.device), cache, 512)
+            cache.length = PREFIX_LEN
         table = measure(ctx, runner, caches, "eager")
         runner.graphs = DraftGraphs(runner, capture=ctx.device.type == "cuda")
         table += measure(ctx, runner, caches, "graphs")
@@ -119,6 +122,10 @@ def draftpass_section(ctx: CheckContext) -> None:
         runner.compile_layers()
         table += measure(ctx, runner, caches, "compiled")
         compile_s = time.perf_counter() - begin - sum(r.wall_ms for r in table if r.variant == "compiled") * TIMED / 1e3
+        runner.graphs = DraftGraphs(runner, capture=ctx.device.type == "cuda")  # the compiled layers captured
+        table += measure(ctx, runner, caches, "compiled graphs")
+        compiled_graphs = "failed to capture" if runner.graphs.failed else f"{len(runner.graphs.passes)} captured"
+        runner.graphs = None
     report = ctx.report
     report.line(f"Draft: {full.draft_layers} Llama layers, hidden {full.draft_hidden}, vocabulary {full.vocab_size}, "
                 f"{ctx.dtype}; each segment after {PREFIX_LEN} committed slots; median of {TIMED} forwards, "
@@ -133,5 +140,5 @@ def draftpass_section(ctx: CheckContext) -> None:
     for variant in VARIANTS[1:]:
         report.line(f"{variant.capitalize()} / eager wall time: " + ", ".join(
             f"{r.segments} x {r.rows}: {r.wall_ms / eager[(r.segments, r.rows)]:.2f}x" for r in table if r.variant == variant))
-    report.line(f"{graphs} graphs captured (one per shape); compiling (warm-up forwards included) took about "
+    report.line(f"{graphs} graphs captured (one per shape), compiled graphs {compiled_graphs}; compiling (warm-up forwards included) took about "
                 f"{max(compile_s, 0.0):.0f} s.")

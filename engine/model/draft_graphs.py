@@ -1,22 +1,25 @@
 """CUDA graphs of a draft's tree forward: one launch for the ~1,000 kernels of a growth round's draft pass.
 
-A small draft's forward is bound by launching its kernels, not by running them (docs/bench/gpu.md: 12-24 ms a
-forward on an H200 whose device work is a millisecond or two). A graph replays them in one launch, but it
-needs fixed shapes and addresses, so a graphed forward is a static form of the pass (StaticPass):
+A small draft's forward is bound by launching its kernels, not by running them (docs/bench/gpu.md: 12-25 ms a
+forward on an H200 whose device work is a few milliseconds). A graph replays them in one launch, but it fixes
+shapes and addresses, so a graphed forward is a static form of the pass (StaticPass), over caches that share
+one KVBlock (the KV pool's draft caches: DecoderRunner.new_caches), whichever of them a round's segments use:
 - each segment's rows padded to a bucket (ROW_BUCKETS), every segment of the group to the same one;
-- each segment attends over slots [0, kv_len) of its own cache, kv_len a power of two (KV_MIN at least, the
-  cache's capacity at most) past start_slot + bucket, under an additive mask that spells out the segment's
-  tree (its `allowed`), every slot past it masked;
-- keys and values are written with index_copy_ at slot indices held in a buffer: the padded rows write the
-  slots right after the segment's, which hold nothing yet (a growth's next forward writes from its next slot
-  on, past these), and attend slot 0 alone (finite rows: a masked slot's value must never be NaN);
-- ids, positions, rotary cos/sin, slot indices and masks are copied into the pass's buffers before a replay;
+- at each layer one indexed write puts every row's keys and values at its cache's slots (block row
+  cache index * capacity + slot; a padded row writes the slot after its segment's last, free: a growth's next
+  forward writes from its next slot on), and one indexed read gathers slots [0, kv_len) of each segment's
+  cache, kv_len a power of two (KV_MIN at least, the capacity at most) past start_slot + bucket;
+- one attention call for the whole group under a block-diagonal additive mask: a segment's rows see their
+  own cache's gathered slots as their `allowed` says, nothing else; padded rows see their cache's slot 0
+  (finite rows: a masked slot's value must never be NaN, or 0 x NaN poisons a row that masks it);
+- ids, positions, rotary cos/sin, indices and the mask are copied into the pass's buffers before a replay;
   the final norm runs inside, the head over the rows asked for after it, eagerly (no logits buffer per graph).
 Outputs equal the eager pass's up to the kernels' rounding at other shapes, so only a draft runs this way:
 verification checks whatever it proposes, and the output stays the target's (tests/model/test_draft_graphs.py).
 
-DraftGraphs keeps one graph per (caches, bucket, kv_len), captured at its first use, all in one memory pool;
-a pass it cannot take (prefill chunks, no `allowed`, rows past the last bucket, no room in a cache) runs
+DraftGraphs keeps one graph per (block, segments, bucket, kv_len), captured at its first use on a stream of its
+own (no device-wide sync: a target pass may be running beside it), all in one memory pool; a pass it cannot
+take (prefill chunks, no `allowed`, rows past the last bucket, no room, caches of different blocks) runs
 eagerly. On a CPU the same static pass runs without capture (`capture=False`: what the CPU tests check).
 """
 
@@ -29,14 +32,14 @@ import torch
 
 from engine.model import families
 from engine.model.hf_attention import GroupInputs, engine_attention
-from engine.model.kv_cache import KVCache
+from engine.model.kv_cache import KVBlock, KVCache
 from engine.model.runner import DecoderRunner, ResidentLayers, Segment
 
 log = logging.getLogger(__name__)
 
 ROW_BUCKETS = (8, 16, 32, 64, 128)  # rows a segment is padded to; a forward of more rows runs eagerly
 KV_MIN = 1024  # the smallest attended span (slots); spans double from here up to the cache's capacity
-MAX_GRAPHS = 64  # graphs kept; a pass of a new shape past this runs eagerly
+MAX_GRAPHS = 128  # graphs kept; a pass of a new shape past this runs eagerly
 
 
 def row_bucket(rows: int) -> int | None:
@@ -58,68 +61,83 @@ def graphable(runner: DecoderRunner) -> bool:
     return isinstance(runner.layers, ResidentLayers) and runner.window_set == {None} and not any(runner.linear_layers)
 
 
-class StaticSegment:
-    """One segment of a StaticPass, as attend_layer reads it: its rows [row_begin, row_begin + bucket) of the
-    group's block, keys and values written at `slots`, attention over slots [0, kv_len) under `mask`."""
+class Gathered:
+    """keys (or values) of a StaticPass's segments as attend_layer indexes them: [layer] -> [kv_heads, 1,
+    segments * kv_len, head_dim], each segment's slots [0, kv_len) in turn (one index_select)."""
 
-    def __init__(self, cache: KVCache, row_begin: int, bucket: int, kv_len: int, dtype: torch.dtype, alone: bool):
-        device = cache.device
-        self.cache = cache
-        self.slots = torch.zeros(bucket, dtype=torch.long, device=device)  # [bucket] slot of each row
-        self.mask = torch.zeros(1, 1, bucket, kv_len, dtype=dtype, device=device)  # [1, 1, bucket, kv_len]
-        self.masks = {None: self.mask}
-        self.layer_rows = cache.layer_rows
-        self.rows = slice(row_begin, row_begin + bucket)
-        self.alone = alone
-        _, _, keys, values = cache.grouped
-        self.keys, self.values = keys[:, :, :, :kv_len], values[:, :, :, :kv_len]  # [layers, kv_heads, 1, kv_len, hd]
+    def __init__(self, tensor: torch.Tensor, read_index: torch.Tensor):
+        self.tensor, self.read_index = tensor, read_index
+
+    def __getitem__(self, layer: int) -> torch.Tensor:
+        return KVBlock.flat(self.tensor, layer).index_select(1, self.read_index).unsqueeze(1)
+
+
+class PooledRows:
+    """Every segment of a StaticPass as attend_layer's one segment (the whole block, `alone`): writes at
+    `write_index`, reads the gathered slots, one mask."""
+
+    alone = True
+
+    def __init__(self, block: KVBlock, write_index: torch.Tensor, read_index: torch.Tensor, mask: torch.Tensor,
+                 layer_rows: range | dict[int, int]):
+        self.block, self.write_index = block, write_index
+        self.keys, self.values = Gathered(block.keys, read_index), Gathered(block.values, read_index)
+        self.masks = {None: mask}
+        self.layer_rows = layer_rows
 
     def write(self, row: int, key: torch.Tensor, value: torch.Tensor) -> None:
-        """key, value [1, kv_heads, bucket, head_dim] into the slots' rows of cache row `row`."""
-        self.cache.keys[row].index_copy_(1, self.slots, key[0])
-        self.cache.values[row].index_copy_(1, self.slots, value[0])
+        """key, value [1, kv_heads, rows, head_dim] at each row's block slot (write_index [rows])."""
+        KVBlock.flat(self.block.keys, row).index_copy_(1, self.write_index, key[0])
+        KVBlock.flat(self.block.values, row).index_copy_(1, self.write_index, value[0])
 
 
 @dataclass(frozen=True)
 class StaticShape:
-    caches: tuple[int, ...]  # id() of each segment's cache, in the group's order
+    block: int  # id() of the caches' KVBlock
+    segments: int
     bucket: int  # rows of every segment
-    kv_len: int
+    kv_len: int  # slots each segment attends
 
 
 class StaticPass:
-    """A draft pass of fixed shape over fixed caches: input buffers, the pass over them, its graph."""
+    """A draft pass of one StaticShape: input buffers, the pass over them, its graph."""
 
-    def __init__(self, runner: DecoderRunner, caches: list[KVCache], bucket: int, kv_len: int):
-        device, total = runner.device, bucket * len(caches)
-        self.runner, self.bucket, self.kv_len = runner, bucket, kv_len
+    def __init__(self, runner: DecoderRunner, block: KVBlock, layer_rows: range | dict[int, int], segments: int,
+                 bucket: int, kv_len: int):
+        device, total = runner.device, bucket * segments
+        self.runner, self.block, self.bucket, self.kv_len = runner, block, bucket, kv_len
         self.ids = torch.zeros(total, dtype=torch.long, device=device)  # [total]
         self.positions = torch.zeros(1, total, dtype=torch.long, device=device)  # [1, total]
         rotary = runner._rotary_inputs(self.positions[0], kv_len)
         self.rotary = {key: (cos.clone(), sin.clone()) for key, (cos, sin) in rotary.items()}  # [1, total, dim] each
-        self.segments = [StaticSegment(cache, i * bucket, bucket, kv_len, runner.dtype, len(caches) == 1)
-                         for i, cache in enumerate(caches)]
-        self.group = GroupInputs(self.positions, self.rotary, self.segments, runner.dtype)  # type: ignore[arg-type]
-        self.offsets = torch.arange(bucket, device=device)  # [bucket]
+        self.write_index = torch.zeros(total, dtype=torch.long, device=device)  # [total] block slot of each row
+        self.read_index = torch.zeros(segments * kv_len, dtype=torch.long, device=device)  # [segments * kv_len]
+        self.mask = torch.zeros(1, 1, total, segments * kv_len, dtype=runner.dtype, device=device)
+        rows = PooledRows(block, self.write_index, self.read_index, self.mask, layer_rows)
+        self.group = GroupInputs(self.positions, self.rotary, [rows], runner.dtype)  # type: ignore[list-item]
+        self.offsets = torch.arange(max(bucket, kv_len), device=device)
         self.fill = torch.finfo(runner.dtype).min
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None  # [1, total, hidden] normed: the captured pass's output
 
     def load(self, group: list[Segment]) -> None:
-        """The group's ids, positions, slots and masks into the buffers (each segment's rows from row i * bucket)."""
+        """The group's ids, positions, indices and mask into the buffers (segment i's rows from i * bucket)."""
+        bucket, kv_len, capacity = self.bucket, self.kv_len, self.block.capacity
         self.ids.zero_()
         self.positions.zero_()
-        for i, (s, static) in enumerate(zip(group, self.segments, strict=True)):
-            begin, num = i * self.bucket, s.input_ids.shape[0]
-            self.ids[begin : begin + num].copy_(s.input_ids)
-            self.positions[0, begin : begin + num].copy_(s.position_ids)
-            torch.add(self.offsets, s.start_slot, out=static.slots)
-            static.mask.fill_(self.fill)
-            static.mask[0, 0, :num, : s.start_slot + num].masked_fill_(s.allowed, 0.0)
-            if num < self.bucket:
-                static.mask[0, 0, num:, 0] = 0.0  # padded rows attend slot 0: finite keys and values
+        self.mask.fill_(self.fill)
+        for i, s in enumerate(group):
+            row, col, num = i * bucket, i * kv_len, s.input_ids.shape[0]
+            base = s.cache.block_index * capacity
+            self.ids[row : row + num].copy_(s.input_ids)
+            self.positions[0, row : row + num].copy_(s.position_ids)
+            torch.add(self.offsets[:bucket], base + s.start_slot, out=self.write_index[row : row + bucket])
+            torch.add(self.offsets[:kv_len], base, out=self.read_index[col : col + kv_len])
+            self.mask[0, 0, row : row + num, col : col + s.start_slot + num].masked_fill_(s.allowed, 0.0)
+            if num < bucket:
+                self.mask[0, 0, row + num : row + bucket, col] = 0.0  # padded rows: their cache's slot 0
             s.cache.write_positions(s.start_slot, s.position_ids)
-        for key, (cos, sin) in self.runner._rotary_inputs(self.positions[0], self.kv_len).items():
+        for key, (cos, sin) in self.runner._rotary_inputs(self.positions[0], kv_len).items():
             self.rotary[key][0].copy_(cos)
             self.rotary[key][1].copy_(sin)
 
@@ -134,16 +152,21 @@ class StaticPass:
         return runner.norm(hidden)
 
     def capture(self, pool: tuple[int, int]) -> None:
-        """Warm up on a side stream (kernel choices, workspaces), then capture `run` into a graph."""
+        """Warm up, then capture `run`, on a stream of this pass's own: ordered after the current stream's
+        work and before what it queues next, and without torch.cuda.graph's device-wide synchronize (a
+        target pass may be running on another stream: thread_local lets its thread go on while this captures)."""
+        current = torch.cuda.current_stream(self.runner.device)
         side = torch.cuda.Stream(self.runner.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.run()
-        torch.cuda.current_stream().wait_stream(side)
+        side.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: the target's pass may be running in another thread (overlap) while this captures
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            self.hidden = self.run()
+        with torch.cuda.stream(side):
+            self.run()  # warm-up: kernel choices, workspaces, outside the graph
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                self.hidden = self.run()
+            finally:
+                graph.capture_end()
+        current.wait_stream(side)
         self.graph = graph
 
     def logits(self, group: list[Segment], hidden: torch.Tensor) -> list[torch.Tensor | None]:
@@ -151,7 +174,7 @@ class StaticPass:
         runner, rows, counts = self.runner, [], []
         for i, s in enumerate(group):
             begin, num = i * self.bucket, s.input_ids.shape[0]
-            wanted = torch.arange(begin, begin + num, device=hidden.device)
+            wanted = self.offsets[:num] + begin
             if s.logit_rows is not None:
                 wanted = wanted[s.logit_rows]
             rows.append(wanted)
@@ -174,6 +197,10 @@ class DraftGraphs:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.failed = False  # a capture failed: every pass eager from then on
 
+    def forget(self) -> None:
+        """Drop every pass (their graphs and the caches they hold): the caches are being replaced."""
+        self.passes.clear()
+
     @torch.inference_mode()
     def forward(self, group: list[Segment]) -> list[torch.Tensor | None] | None:
         static = None if self.failed else self.static_pass(group)
@@ -187,6 +214,7 @@ class DraftGraphs:
                 static.capture(self.pool)
             except RuntimeError as exc:  # e.g. a layer that syncs with the host (data-dependent shapes)
                 self.failed = True
+                self.passes.clear()
                 log.warning("draft graphs off: capturing the draft's forward failed (%s)", exc)
                 return None
         static.graph.replay()
@@ -194,21 +222,18 @@ class DraftGraphs:
 
     def static_pass(self, group: list[Segment]) -> StaticPass | None:
         """The static pass for this group's shape (made on first use), or None where it has none."""
-        if any(s.allowed is None for s in group):
+        block = group[0].cache.block
+        if any(s.allowed is None or s.cache.block is not block for s in group):
             return None
         bucket = row_bucket(max(s.input_ids.shape[0] for s in group))
-        if bucket is None:
-            return None
-        spans = [kv_span(s.start_slot + bucket, s.cache.capacity) for s in group]
+        spans = [kv_span(s.start_slot + bucket, block.capacity) for s in group] if bucket is not None else [None]
         if any(span is None for span in spans):
             return None
-        kv_len = max(spans)  # type: ignore[type-var]
-        if any(kv_len > s.cache.capacity for s in group):
-            return None
-        shape = StaticShape(tuple(id(s.cache) for s in group), bucket, kv_len)
+        shape = StaticShape(id(block), len(group), bucket, max(spans))  # type: ignore[arg-type, type-var]
         static = self.passes.get(shape)
         if static is None:
             if len(self.passes) >= MAX_GRAPHS:
                 return None
-            static = self.passes[shape] = StaticPass(self.runner, [s.cache for s in group], bucket, kv_len)
+            static = StaticPass(self.runner, block, group[0].cache.layer_rows, len(group), bucket, shape.kv_len)
+            self.passes[shape] = static
         return static

@@ -10,6 +10,24 @@ from __future__ import annotations
 import torch
 
 
+class KVBlock:
+    """The keys and values of `count` caches in one allocation, [layers, kv_heads, count, capacity, head_dim]
+    each: at a layer, slot s of cache c is row c * capacity + s of `flat`'s [kv_heads, count * capacity,
+    head_dim] view, so that one indexed write or read reaches several caches (engine.model.draft_graphs)."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, count: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (num_layers, num_kv_heads, count, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity, self.count = capacity, count
+
+    @staticmethod
+    def flat(tensor: torch.Tensor, layer: int) -> torch.Tensor:
+        """keys or values of one layer: [kv_heads, count * capacity, head_dim], a view."""
+        return tensor[layer].flatten(1, 2)
+
+
 class KVCache:
     def __init__(
         self,
@@ -19,10 +37,14 @@ class KVCache:
         capacity: int,
         dtype: torch.dtype,
         device: torch.device,
+        block: KVBlock | None = None,
+        index: int = 0,
     ):
-        shape = (num_layers, num_kv_heads, capacity, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kv_heads, capacity, head_dim]
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        # the cache is entry `index` of `block` (a block of its own when None)
+        self.block = block or KVBlock(num_layers, num_kv_heads, head_dim, capacity, 1, dtype, device)
+        self.block_index = index
+        self.keys = self.block.keys[:, :, index]  # [layers, kv_heads, capacity, head_dim]
+        self.values = self.block.values[:, :, index]
         self.positions = torch.zeros(capacity, dtype=torch.long, device=device)  # [capacity] rotary position
         self.capacity = capacity
         self.length = 0  # committed slots

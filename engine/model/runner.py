@@ -28,7 +28,7 @@ from engine.model import families, linear_attention
 from engine.model.attention import additive_mask, attend, attention_backends, sdpa_backends, window_masks
 from engine.model.hf_attention import GroupInputs, SegmentInputs, engine_attention
 from engine.model.hybrid_cache import HybridCache
-from engine.model.kv_cache import KVCache
+from engine.model.kv_cache import KVBlock, KVCache
 from engine.model.linear_state import LinearShape
 from engine.model.rotary_table import RotaryTables, module_rotary, static_rope
 
@@ -63,6 +63,8 @@ class GroupForward(Protocol):
     """Runs one group's pass another way (engine.model.draft_graphs), or returns None to leave it to the loop."""
 
     def forward(self, group: list[Segment]) -> list[torch.Tensor | None] | None: ...
+
+    def forget(self) -> None: ...  # drop what was made for caches that are going away
 
 
 class ResidentLayers:
@@ -184,6 +186,15 @@ class DecoderRunner:
         return KVCache(
             len(self.hf_layers), self.num_kv_heads, self.head_dim, capacity, self.dtype, self.device
         )
+
+    def new_caches(self, count: int, capacity: int, pending_slots: int | None = None) -> list[KVCache]:
+        """`count` caches as new_cache makes them; a plain model's in one KVBlock (one allocation, every
+        cache's slots addressable by one index: engine.model.draft_graphs)."""
+        if self.linear_shape is not None:
+            return [self.new_cache(capacity, pending_slots) for _ in range(count)]
+        block = KVBlock(len(self.hf_layers), self.num_kv_heads, self.head_dim, capacity, count, self.dtype, self.device)
+        return [KVCache(len(self.hf_layers), self.num_kv_heads, self.head_dim, capacity, self.dtype, self.device,
+                        block, index) for index in range(count)]
 
     @torch.inference_mode()
     def forward(

@@ -108,10 +108,10 @@ def test_tiny_run_on_cpu_reports_every_section(tmp_path, capsys):
     assert len(table(text, "disk source read")) == 1
     assert [r[0] for r in table(text, "method")] == ["Autoregressive", "SpecExec"]
     draft_rows = table(text, "forward", "segments")
-    assert [(r[0], r[1]) for r in draft_rows] == [(k, s) for k in ("eager", "graphs", "compiled")
+    assert [(r[0], r[1]) for r in draft_rows] == [(k, s) for k in ("eager", "graphs", "compiled", "compiled graphs")
                                                   for s in ("1", "1", "4", "4")]
     assert all(int(r[6]) > 0 for r in draft_rows[:8])  # aten ops a forward, counted eagerly (the static pass too)
-    assert "4 graphs captured" in text  # one static pass per (segments, rows) shape
+    assert "4 graphs captured" in text and "compiled graphs 4 captured" in text  # a static pass per shape
 
 
 def test_tiny_full_shape_section_runs_every_table(tmp_path, capsys):

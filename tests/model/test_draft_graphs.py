@@ -20,11 +20,13 @@ from tests.helpers.tiny_models import build_model, make_tiny_pair
 PREFIX = 40
 
 
-def prefilled(runner: DecoderRunner, capacity: int) -> object:
-    cache = runner.new_cache(capacity)
-    runner.prefill(torch.arange(3, 3 + PREFIX, device=runner.device), cache, 64)
-    cache.length = PREFIX
-    return cache
+def prefilled(runner: DecoderRunner, count: int, capacity: int = 1500) -> list:
+    """`count` caches of one block (as the KV pool's), each holding the same PREFIX committed tokens."""
+    caches = runner.new_caches(count, capacity)
+    for cache in caches:
+        runner.prefill(torch.arange(3, 3 + PREFIX, device=runner.device), cache, 64)
+        cache.length = PREFIX
+    return caches
 
 
 def tree_segment(runner: DecoderRunner, cache, rows: int, seed: int, last_only: bool = False) -> Segment:
@@ -48,7 +50,7 @@ def both_ways(runner: DecoderRunner, rows: list[int], capture: bool, seed: int =
     graphs = DraftGraphs(runner, capture=capture)
     out = []
     for static in (False, True):
-        caches = [prefilled(runner, capacity) for _ in rows]
+        caches = prefilled(runner, len(rows), capacity)
         group = [tree_segment(runner, cache, n, seed + 7 * i, last_only=i == 0) for i, (cache, n) in
                  enumerate(zip(caches, rows, strict=True))]
         logits = graphs.forward(group) if static else runner.forward_groups([group])[0]
@@ -84,11 +86,13 @@ def test_passes_without_a_static_form_are_left_to_the_loop() -> None:
     runner = DecoderRunner(build_model("llama", 320, seed=3, layers=2))
     graphs = DraftGraphs(runner, capture=False)
     with torch.inference_mode():
-        cache = prefilled(runner, 1500)
+        cache = prefilled(runner, 2)[0]
         too_many = tree_segment(runner, cache, ROW_BUCKETS[-1] + 1, 1)
         assert graphs.forward([too_many]) is None
-        small = prefilled(runner, PREFIX + 3 + 4)  # no room for the padded rows
+        small = prefilled(runner, 1, PREFIX + 3 + 4)[0]  # no room for the padded rows
         assert graphs.forward([tree_segment(runner, small, 5, 1)]) is None
+        apart = [tree_segment(runner, cache, 5, 1), tree_segment(runner, small, 2, 2)]  # caches of two blocks
+        assert graphs.forward(apart) is None
         causal = tree_segment(runner, cache, 5, 1)
         causal.allowed = None
         assert graphs.forward([causal]) is None
@@ -143,9 +147,10 @@ def test_captured_graphs_replay_the_eager_pass_for_new_inputs() -> None:
     runner = DecoderRunner(build_model("llama", 320, seed=3, layers=2).cuda())
     with torch.inference_mode():
         graphs = DraftGraphs(runner, capture=True)
+        eager_caches, caches = prefilled(runner, 3), prefilled(runner, 4)
         for seed in (0, 1, 2):  # one capture, then replays with other trees of the same shape
-            eager_caches = [prefilled(runner, 1500) for _ in range(3)]
-            caches = [prefilled(runner, 1500) for _ in range(3)]
+            if seed == 2:
+                caches = [caches[3], caches[0], caches[2]]  # other caches of the block: the same graph
             eager = runner.forward_groups([[tree_segment(runner, c, n, seed + i, i == 0)
                                             for i, (c, n) in enumerate(zip(eager_caches, (5, 13, 2), strict=True))]])[0]
             group = [tree_segment(runner, c, n, seed + i, i == 0) for i, (c, n) in enumerate(zip(caches, (5, 13, 2), strict=True))]
