@@ -5,7 +5,7 @@
 #   bash scripts/gpu-partb.sh 2 "$OUT"   # the sections the round changed: build, steps, serving (~2 min)
 #   bash scripts/gpu-partb.sh 3 "$OUT"   # the draft's tree forward alone: eager vs compiled layers (~1-2 min)
 #   bash scripts/gpu-partb.sh 4 "$OUT"   # the draft's forwards as CUDA graphs: cuda tests, the draft forward,
-#                                        # then the full shape with graphs off and on (~5-7 min)
+#                                        # then the full shape with graphs off and on (~4-6 min)
 # Stage 1 runs the full shape with the int4 dequantization compiled into one kernel per shape
 # (SPECEXEC_INT4_DEQUANT=compiled, the default where triton is installed); its kernel table compares it
 # with the eager one and tinygemm.
@@ -37,13 +37,13 @@ case "$stage" in
     ;;
   4)
     git log --oneline -1 > "$out/commit.txt" 2>/dev/null
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -m cuda -rs tests/model tests/offload \
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -m cuda -rs tests/model tests/offload \
         tests/speculation/test_overlap.py tests/speculation/test_step_timing.py > "$out/cuda-tests.log" 2>&1
     tail -3 "$out/cuda-tests.log"
-    timeout 120 bash scripts/gpu-check.sh --out "$out/draftpass.md" --work-dir /tmp/gpucheck \
+    timeout 60 bash scripts/gpu-check.sh --out "$out/draftpass.md" --work-dir /tmp/gpucheck \
         --sections header,draftpass > "$out/draftpass.log" 2>&1
     tail -n 3 "$out/draftpass.log"
-    SPECEXEC_INT4_DEQUANT=compiled timeout 300 bash scripts/gpu-check.sh --out "$out/fullshape.md" \
+    SPECEXEC_INT4_DEQUANT=compiled timeout 280 bash scripts/gpu-check.sh --out "$out/fullshape.md" \
         --work-dir /tmp/gpucheck --sections header,fullshape > "$out/fullshape.log" 2>&1
     tail -n 3 "$out/fullshape.log"
     ;;
