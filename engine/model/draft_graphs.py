@@ -32,7 +32,7 @@ import torch
 
 from engine.model import families
 from engine.model.hf_attention import GroupInputs, engine_attention
-from engine.model.kv_cache import KVBlock, KVCache
+from engine.model.kv_cache import KVBlock
 from engine.model.runner import DecoderRunner, ResidentLayers, Segment
 
 log = logging.getLogger(__name__)

@@ -147,10 +147,10 @@ def test_captured_graphs_replay_the_eager_pass_for_new_inputs() -> None:
     runner = DecoderRunner(build_model("llama", 320, seed=3, layers=2).cuda())
     with torch.inference_mode():
         graphs = DraftGraphs(runner, capture=True)
-        eager_caches, caches = prefilled(runner, 3), prefilled(runner, 4)
+        eager_caches, block = prefilled(runner, 3), prefilled(runner, 4)
         for seed in (0, 1, 2):  # one capture, then replays with other trees of the same shape
-            if seed == 2:
-                caches = [caches[3], caches[0], caches[2]]  # other caches of the block: the same graph
+            # seed 2: other caches of the block, in another order: the same graph
+            caches = [block[3], block[0], block[2]] if seed == 2 else block[:3]
             eager = runner.forward_groups([[tree_segment(runner, c, n, seed + i, i == 0)
                                             for i, (c, n) in enumerate(zip(eager_caches, (5, 13, 2), strict=True))]])[0]
             group = [tree_segment(runner, c, n, seed + i, i == 0) for i, (c, n) in enumerate(zip(caches, (5, 13, 2), strict=True))]
