@@ -48,7 +48,10 @@ GROUP_SIZES = (32, 64, 128, 256)  # what the kernels accept
 CPU_N_MULTIPLE = 16  # the CPU converter's rows per block
 CUDA_INNER_K_TILES = 8  # tinygemm: K must be a multiple of 16 x this
 CPU_INNER_K_TILES = 2  # ignored by the CPU layout, required by the signature
-TINYGEMM_MAX_ROWS = 128  # CUDA: calls of up to this many rows run tinygemm, larger ones dequantize once
+TINYGEMM_MAX_ROWS = 128  # CUDA, eager dequantization: calls of up to this many rows run tinygemm, larger dequantize
+# the same with the compiled dequantization: two H200 runs, one 70B layer's projections, tinygemm against the
+# compiled kernel: 1.6 / 1.6 ms at 16 rows, 4.4 / 1.7 ms at 64 (docs/bench/gpu.md, 2026-11-27)
+TINYGEMM_MAX_ROWS_COMPILED = 16
 DEQUANT_BYTES_PER_WEIGHT = 5  # CUDA dequantize path's scratch: uint8 values, bf16 (q - 8), bf16 weight
 
 
@@ -131,12 +134,22 @@ DEQUANT_MODES = ("eager", "compiled")  # SPECEXEC_INT4_DEQUANT: how CUDA calls o
 COMPILED_SHAPES = 64  # compiled dequantization: kernels (matrix shapes x tensor kinds) dynamo may keep
 
 
+def dequant_mode() -> str:
+    """SPECEXEC_INT4_DEQUANT, else default_dequant_mode()."""
+    return os.environ.get("SPECEXEC_INT4_DEQUANT") or default_dequant_mode()
+
+
+def tinygemm_max_rows() -> int:
+    """Rows up to which a CUDA call runs tinygemm: fewer where the dequantization is compiled (it is faster)."""
+    return TINYGEMM_MAX_ROWS_COMPILED if dequant_mode() == "compiled" else TINYGEMM_MAX_ROWS
+
+
 def dequantize_function(mode: str | None = None) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
     """`dequantized` (eager: several kernels, 8.2 ms a 70B layer on an H200) or `dequantized_fused` compiled
     by torch.compile (one kernel per matrix shape, compiled on its first call: 1.9 ms, bit for bit the
     eager result; docs/bench/gpu.md, 2026-11-27 H200), by `mode` or SPECEXEC_INT4_DEQUANT; default
     compiled where triton (torch.compile's GPU code generator) is installed, else eager."""
-    mode = mode or os.environ.get("SPECEXEC_INT4_DEQUANT") or default_dequant_mode()
+    mode = mode or dequant_mode()
     if mode not in DEQUANT_MODES:
         raise ValueError(f"SPECEXEC_INT4_DEQUANT must be one of {', '.join(DEQUANT_MODES)}, got {mode!r}")
     return _dequantize_by_mode(mode)
@@ -169,7 +182,7 @@ class Int4Linear(nn.Module):
         self.kernel_device = kernel_device  # "cpu": the CPU kernel's layout; "cuda": [N, K / 2] nibble pairs
         # CUDA: calls of up to this many rows run tinygemm, larger ones dequantize; 0 where tinygemm cannot
         # take the matrix (K % 128, N % 8: engine.model.self_draft_quant), which then always dequantizes
-        self.tinygemm_max_rows = TINYGEMM_MAX_ROWS
+        self.tinygemm_max_rows = tinygemm_max_rows()
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K / group, N, 2] bf16
         self.register_buffer("perm", perm)  # [K] int64 input order by group (act-order), or None

@@ -105,14 +105,15 @@ def test_nibble_pairs_dequantize_to_the_gptq_weight():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_small_and_large_calls_agree():
-    """Up to TINYGEMM_MAX_ROWS rows run tinygemm, more dequantize once: the same rows agree closely."""
+    """Up to tinygemm_max_rows rows run tinygemm, more dequantize once: the same rows agree closely."""
     device = torch.device("cuda")
     module, w = random_layer(act_order=True, v1=False)
     int4 = gptq_int4.from_gptq(module, device).to(device)
-    x = torch.randn(gptq_int4.TINYGEMM_MAX_ROWS + 1, K, device=device)
-    small = int4(x[: gptq_int4.TINYGEMM_MAX_ROWS]).float()
-    large = int4(x).float()[: gptq_int4.TINYGEMM_MAX_ROWS]
-    reference = x[: gptq_int4.TINYGEMM_MAX_ROWS].cpu() @ w
+    rows = int4.tinygemm_max_rows
+    x = torch.randn(rows + 1, K, device=device)
+    small = int4(x[:rows]).float()
+    large = int4(x).float()[:rows]
+    reference = x[:rows].cpu() @ w
     for out in (small, large):
         assert (out.cpu() - reference).norm() <= 0.02 * reference.norm()
     assert (small - large).norm() <= 0.01 * small.norm()
@@ -156,3 +157,12 @@ def test_cuda_compiled_dequantization_is_the_eager_one_bit_for_bit():
     nibbles, scales_and_zeros = fused_case(torch.device("cuda"))
     compiled = gptq_int4.dequantize_function("compiled")
     assert torch.equal(compiled(nibbles, scales_and_zeros, GROUP), gptq_int4.dequantized(nibbles, scales_and_zeros, GROUP))
+
+
+def test_tinygemm_takes_fewer_rows_beside_the_compiled_dequantization(monkeypatch):
+    """The compiled kernel beats tinygemm from ~16 rows on (H200: 1.7 against 4.4 ms at 64 rows), the eager one
+    only past 128."""
+    monkeypatch.setenv("SPECEXEC_INT4_DEQUANT", "compiled")
+    assert gptq_int4.tinygemm_max_rows() == gptq_int4.TINYGEMM_MAX_ROWS_COMPILED == 16
+    monkeypatch.setenv("SPECEXEC_INT4_DEQUANT", "eager")
+    assert gptq_int4.tinygemm_max_rows() == gptq_int4.TINYGEMM_MAX_ROWS == 128
