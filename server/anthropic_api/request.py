@@ -4,7 +4,9 @@ Fields (Anthropic's Messages API): `model`, `max_tokens`, `messages` (user and a
 content is a string or blocks: `text`, `tool_use` (assistant), `tool_result` (user); `thinking` blocks
 of past turns become the turn's `reasoning_content` (only harmony templates read it:
 server/harmony_output.py), `redacted_thinking` blocks are skipped; an `image` in a `tool_result` is a note
-in the prompt (server/tool_images.py); other images and documents are 400s), `system` (a
+in the prompt (server/tool_images.py), a `document` in a `tool_result` its text or a note naming it, a
+user's `document` its text where its source is text (server/tool_files.py); other images and documents
+are 400s), `system` (a
 string or text blocks), `stop_sequences`, `temperature` (0..1), `top_p`, `top_k`, `tools` (custom
 tools: `name`, `description`, `input_schema`), `tool_choice` (`auto`, `any`, `tool` with `name`,
 `none`; `disable_parallel_tool_use`), `stream`, `metadata`, `thinking`; our extras `seed`, `min_p`.
@@ -33,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from server.errors import APIError, invalid_request, unsupported
 from server.json_body import load_json_object
 from server.protocol import ChatCompletionRequest, validated_as
+from server.tool_files import anthropic_document_note, anthropic_document_text
 from server.tool_images import image_part
 
 log = logging.getLogger("specexec.server")
@@ -213,6 +216,12 @@ def _user_turn(blocks: list[Block], param: str) -> list[Message]:
             parts.append({"type": "text", "text": _text(block, where)})
         elif block["type"] == "tool_result":
             results.append(_tool_result(block, where))
+        elif block["type"] == "document":  # a text source is its text; a PDF would be answered from nothing
+            text = anthropic_document_text(block)
+            if text is None:
+                raise unsupported(where, "Document blocks are supported with text sources only here (this server "
+                                         "reads no PDF files); in a tool_result any document is taken.")
+            parts.append({"type": "text", "text": text})
         elif block["type"] not in SKIPPED_BLOCKS:
             raise _not_supported(block, where)
     return results + ([{"role": "user", "content": parts}] if parts else [])
@@ -231,6 +240,9 @@ def _tool_result(block: Block, param: str) -> Message:
             parts.append(image_part())
         elif part["type"] == "text":
             parts.append({"type": "text", "text": _text(part, f"{param}.content[{k}]")})
+        elif part["type"] == "document":  # Claude Code's Read of a PDF, an MCP text resource (server/tool_files.py)
+            text = anthropic_document_text(part)
+            parts.append({"type": "text", "text": anthropic_document_note(part) if text is None else text})
         else:
             raise _not_supported(part, f"{param}.content[{k}]")
     if any(part["type"] != "text" for part in parts):

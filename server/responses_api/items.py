@@ -4,7 +4,8 @@ Rendered: `message` (role user / assistant / system / developer as system; text 
 `custom_tool_call` (arguments `{"input": ...}`: server/responses_api/custom_tools.py) and `local_shell_call`
 (a call of `local_shell` with its action as arguments) as the calls of an assistant message (joining the
 assistant message before them, or starting one), their `*_output` items as tool messages (an `input_image` in
-an output, as Codex's view_image sends, is a note in the prompt: server/tool_images.py), `reasoning` (its
+an output, as Codex's view_image sends, is a note in the prompt: server/tool_images.py; an `input_file` its
+text or a note naming it: server/tool_files.py), `reasoning` (its
 `reasoning_text` content, else its summary) as the `reasoning_content` of the assistant turn it precedes
 (templates that render past reasoning, such as Qwen3's, show it; others leave it out; reasoning followed by
 no assistant turn is dropped; `encrypted_content` cannot be read here and is ignored), and Codex's
@@ -30,6 +31,7 @@ from typing import Any
 from server.errors import invalid_request, unsupported
 from server.responses_api.custom_tools import call_arguments
 from server.responses_api.namespaces import call_name
+from server.tool_files import responses_file_text
 from server.tool_images import image_part
 
 log = logging.getLogger("specexec.server")
@@ -37,6 +39,7 @@ log = logging.getLogger("specexec.server")
 Item = dict[str, Any]
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 OPAQUE_PARTS = ("encrypted_content",)  # parts nothing here can read: left out of the text
+FILE_INPUT = "input_file"  # in a tool's output: its text or a note (server/tool_files.py); elsewhere a 400
 IMAGE_INPUT = "input_image"  # in a tool's output: a note in the prompt (server/tool_images.py); elsewhere a 400
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 CALLS = ("function_call", "custom_tool_call", "local_shell_call")
@@ -189,6 +192,9 @@ def _text(content: Any, param: str) -> str:
 def _output(content: Any, param: str) -> str | list[Item]:
     """A tool's output: as `_text`, or with images (Codex's view_image: `input_image` parts) chat parts, an
     image part in each image's place (server/tool_images.py), the text between images one text part."""
+    if isinstance(content, list):  # a file's text, or a note naming it (server/tool_files.py)
+        content = [{"type": "input_text", "text": responses_file_text(part)}
+                   if isinstance(part, dict) and part.get("type") == FILE_INPUT else part for part in content]
     if not isinstance(content, list) or not any(_is_image(part) for part in content):
         return _text(content, param)
     parts: list[Item] = []
