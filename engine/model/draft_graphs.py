@@ -19,8 +19,8 @@ verification checks whatever it proposes, and the output stays the target's (tes
 
 DraftGraphs keeps one graph per (block, segments, bucket, kv_len), captured at its first use on a stream of its
 own (no device-wide sync: a target pass may be running beside it), all in one memory pool; a pass it cannot
-take (prefill chunks, no `allowed`, rows past the last bucket, no room, caches of different blocks) runs
-eagerly. On a CPU the same static pass runs without capture (`capture=False`: what the CPU tests check).
+take (prefill chunks, no `allowed`, rows past the last bucket, no room, caches of different blocks, a span
+past MAX_SPAN, masks past MASK_BYTES) runs eagerly. On a CPU the same static pass runs without capture (`capture=False`: what the CPU tests check).
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 ROW_BUCKETS = (8, 16, 32, 64, 128)  # rows a segment is padded to; a forward of more rows runs eagerly
 KV_MIN = 1024  # the smallest attended span (slots); spans double from here up to the cache's capacity
 MAX_GRAPHS = 128  # graphs kept; a pass of a new shape past this runs eagerly
+MAX_SPAN = 16384  # slots a segment attends at most (a longer context's forwards run eagerly)
+# every pass's mask buffer together (segments^2 x bucket x span additive values: 4 segments of 128 rows over
+# 4,096 slots take 17 MB); a pass that would go past it runs eagerly
+MASK_BYTES = 256 << 20
 
 
 def row_bucket(rows: int) -> int | None:
@@ -196,10 +200,12 @@ class DraftGraphs:
         self.passes: dict[StaticShape, StaticPass] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.failed = False  # a capture failed: every pass eager from then on
+        self.mask_bytes = 0  # the passes' mask buffers together (MASK_BYTES at most)
 
     def forget(self) -> None:
         """Drop every pass (their graphs and the caches they hold): the caches are being replaced."""
         self.passes.clear()
+        self.mask_bytes = 0
 
     @torch.inference_mode()
     def forward(self, group: list[Segment]) -> list[torch.Tensor | None] | None:
@@ -214,7 +220,7 @@ class DraftGraphs:
                 static.capture(self.pool)
             except RuntimeError as exc:  # e.g. a layer that syncs with the host (data-dependent shapes)
                 self.failed = True
-                self.passes.clear()
+                self.forget()
                 log.warning("draft graphs off: capturing the draft's forward failed (%s)", exc)
                 return None
         static.graph.replay()
@@ -227,13 +233,15 @@ class DraftGraphs:
             return None
         bucket = row_bucket(max(s.input_ids.shape[0] for s in group))
         spans = [kv_span(s.start_slot + bucket, block.capacity) for s in group] if bucket is not None else [None]
-        if any(span is None for span in spans):
+        if any(span is None for span in spans) or max(spans) > MAX_SPAN:  # type: ignore[type-var]
             return None
         shape = StaticShape(id(block), len(group), bucket, max(spans))  # type: ignore[arg-type, type-var]
         static = self.passes.get(shape)
         if static is None:
-            if len(self.passes) >= MAX_GRAPHS:
+            mask_bytes = (len(group) ** 2) * bucket * shape.kv_len * self.runner.dtype.itemsize
+            if len(self.passes) >= MAX_GRAPHS or self.mask_bytes + mask_bytes > MASK_BYTES:
                 return None
+            self.mask_bytes += mask_bytes
             static = StaticPass(self.runner, block, group[0].cache.layer_rows, len(group), bucket, shape.kv_len)
             self.passes[shape] = static
         return static

@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
+from engine.model import draft_graphs
 from engine.model.draft_graphs import KV_MIN, ROW_BUCKETS, DraftGraphs, kv_span, row_bucket
 from engine.model.runner import DecoderRunner, Segment
 from engine.runtime import Engine
@@ -97,6 +98,23 @@ def test_passes_without_a_static_form_are_left_to_the_loop() -> None:
         causal.allowed = None
         assert graphs.forward([causal]) is None
     assert not graphs.passes
+
+
+def test_masks_past_their_budget_and_long_spans_run_eagerly(monkeypatch) -> None:
+    runner = DecoderRunner(build_model("llama", 320, seed=3, layers=2))
+    graphs = DraftGraphs(runner, capture=False)
+    with torch.inference_mode():
+        caches = prefilled(runner, 2)
+        assert graphs.forward([tree_segment(runner, caches[0], 5, 1)]) is not None  # 8 rows x 1024 slots x 4 bytes
+        assert graphs.mask_bytes == 8 * KV_MIN * 4
+        monkeypatch.setattr(draft_graphs, "MASK_BYTES", graphs.mask_bytes + 4 * 8 * KV_MIN * 4 - 1)
+        two = [tree_segment(runner, caches[0], 5, 1), tree_segment(runner, caches[1], 3, 2)]
+        assert graphs.forward(two) is None  # its mask would pass the budget
+        assert graphs.forward([tree_segment(runner, caches[0], 5, 3)]) is not None  # a shape it holds: on
+        monkeypatch.setattr(draft_graphs, "MAX_SPAN", KV_MIN // 2)
+        assert graphs.forward([tree_segment(runner, caches[0], 13, 1)]) is None  # a span past MAX_SPAN
+        graphs.forget()
+        assert not graphs.passes and graphs.mask_bytes == 0
 
 
 def run_pair(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[dict[str, list[int]], list[int]]:
