@@ -105,6 +105,24 @@ def measure(ctx: CheckContext, runner: DecoderRunner, caches: list[KVCache], var
     return rows_out
 
 
+TOP_KERNELS = 8  # rows of the profiled replay's table
+
+
+def top_kernels(ctx: CheckContext, runner: DecoderRunner, groups: list[list[Segment]]) -> list[tuple[str, int, float]]:
+    """One forward under the profiler: (kernel, calls, self device ms) of its costliest kernels (on a CPU its
+    ops and their self CPU time: a CPU has no kernels)."""
+    cuda = ctx.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    synchronize(ctx.device)
+    with torch.profiler.profile(activities=activities) as prof:
+        runner.forward_groups(groups)
+        synchronize(ctx.device)
+    field = "self_device_time_total" if cuda else "self_cpu_time_total"
+    rows = [(e.key, e.count, getattr(e, field, 0.0) / 1e3) for e in prof.key_averages()]
+    rows = [r for r in rows if r[2] > 0 and (not cuda or not r[0].startswith(("cuda", "aten::", "Activity")))]
+    return sorted(rows, key=lambda r: -r[2])[:TOP_KERNELS]
+
+
 def draftpass_section(ctx: CheckContext) -> None:
     full = ctx.plan.full
     with torch.inference_mode():
@@ -117,6 +135,9 @@ def draftpass_section(ctx: CheckContext) -> None:
         runner.graphs = DraftGraphs(runner, capture=ctx.device.type == "cuda")
         table += measure(ctx, runner, caches, "graphs")
         graphs = len(runner.graphs.passes)
+        profiles = {(n, rows): top_kernels(ctx, runner, [[tree_segment(runner, caches[i], rows, 7 * rows + i, PREFIX_LEN)
+                                                          for i in range(n)]])
+                    for n, rows in ((1, min(ROWS)), (max(SEGMENTS), max(ROWS)))}
         runner.graphs = None
         begin = time.perf_counter()
         runner.compile_layers()
@@ -142,3 +163,10 @@ def draftpass_section(ctx: CheckContext) -> None:
             f"{r.segments} x {r.rows}: {r.wall_ms / eager[(r.segments, r.rows)]:.2f}x" for r in table if r.variant == variant))
     report.line(f"{graphs} graphs captured (one per shape), compiled graphs {compiled_graphs}; compiling (warm-up forwards included) took about "
                 f"{max(compile_s, 0.0):.0f} s.")
+    report.line()
+    report.line("Where a graphed forward's time goes (one replay under the profiler: its kernels by self device time; "
+                "on a CPU the static pass's ops by self CPU time):")
+    report.table("segments x rows", "kernel", "calls", "ms")
+    for (n, rows), kernels in profiles.items():
+        for name, calls, ms in kernels:
+            report.row(f"{n} x {rows}", name if len(name) <= 90 else name[:87] + "...", calls, f"{ms:.3f}")

@@ -112,6 +112,8 @@ def test_tiny_run_on_cpu_reports_every_section(tmp_path, capsys):
                                                   for s in ("1", "1", "4", "4")]
     assert all(int(r[6]) > 0 for r in draft_rows[:8])  # aten ops a forward, counted eagerly (the static pass too)
     assert "4 graphs captured" in text and "compiled graphs 4 captured" in text  # a static pass per shape
+    profiled = table(text, "segments x rows", "kernel")
+    assert {r[0] for r in profiled} == {"1 x 16", "4 x 64"} and all(float(r[3]) > 0 for r in profiled)
 
 
 def test_tiny_full_shape_section_runs_every_table(tmp_path, capsys):
