@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import urllib.parse
 from typing import Any
 
 FILE_NOTE = "[file omitted: {name}: this server reads no {kind} files]"
@@ -61,6 +62,8 @@ def responses_file_text(part: dict[str, Any]) -> str:
     data = part.get("file_data")
     if isinstance(data, str):
         media, _, payload = data.partition(",") if data.startswith("data:") else ("", "", data)
+        if media.startswith("data:text/") and not media.endswith(";base64"):  # a percent-encoded data URL
+            return titled(name, urllib.parse.unquote(payload))
         if media.startswith("data:text/") or (not media and (name or "").endswith((".txt", ".md", ".csv", ".json"))):
             text = _decoded(payload, name)
             if text is not None:

@@ -81,10 +81,11 @@ def test_responses_input_file_in_a_tool_output(fake_server) -> None:
     output = [{"type": "input_text", "text": "Two files:\n"},
               {"type": "input_file", "filename": NOTES,
                "file_data": "data:text/plain;base64," + base64.b64encode(TEXT.encode()).decode()},
-              {"type": "input_file", "filename": "report.pdf", "file_data": "data:application/pdf;base64," + PDF}]
+              {"type": "input_file", "filename": "report.pdf", "file_data": "data:application/pdf;base64," + PDF},
+              {"type": "input_file", "filename": "a.txt", "file_data": "data:text/plain,fifty%20fifty"}]
     tools = [{"type": "function", "name": "read_file", "parameters": {"type": "object", "properties": {}}}]
     response = oai(srv).responses.create(model="fake-model", input=responses_input(output), tools=tools)
     assert response.status == "completed" and response.output_text == "Read it."
     part = tool_part(srv)
     assert f"Two files:\n{NOTES}\n{TEXT}" in part and FILE_NOTE.format(name="report.pdf", kind="PDF") in part
-    assert PDF not in part
+    assert PDF not in part and "a.txt\nfifty fifty" in part
