@@ -34,7 +34,7 @@ SEGMENTS = (1, 4)
 ROWS = (16, 64)  # nodes a segment expands in one forward (a growth's K at budget 256: 16-64)
 
 
-VARIANTS = ("eager", "graphs", "compiled", "compiled graphs")
+VARIANTS = ("eager", "graphs", "graphs per segment", "compiled", "compiled graphs")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ class DraftPassRow:
     wall_ms: float  # median, until the device finished it
     device_ms: float  # median, CUDA events (wall on the CPU)
     aten_ops: int  # one forward's dispatched aten ops (eager, and graphs: outside the replay); 0 when not counted
+    held_mb: float | None  # CUDA: device memory the caching allocator reserved while this shape first ran
+    # (its graph's pool and buffers, or eager workspaces); None on a CPU
+    peak_mb: float | None  # CUDA: allocation peak over the timed forwards, above what was allocated before
 
 
 class OpCounter(TorchDispatchMode):
@@ -93,15 +96,25 @@ def measure(ctx: CheckContext, runner: DecoderRunner, caches: list[KVCache], var
     for segments in SEGMENTS:
         for rows in ROWS:
             groups = [[tree_segment(runner, caches[i], rows, 7 * rows + i, PREFIX_LEN) for i in range(segments)]]
+            cuda = ctx.device.type == "cuda"
+            reserved = torch.cuda.memory_reserved(ctx.device) if cuda else 0
             for _ in range(WARMUP):
                 runner.forward_groups(groups)
             ops = 0
-            if variant in ("eager", "graphs"):  # a replay dispatches no aten op: what graphs count runs outside it
+            if variant in ("eager", "graphs", "graphs per segment"):  # a replay dispatches no aten op: these run outside
                 with OpCounter() as counter:
                     runner.forward_groups(groups)
                 ops = counter.count
+            held = peak = None
+            if cuda:  # CUDA-only: memory the shape took
+                synchronize(ctx.device)
+                held = (torch.cuda.memory_reserved(ctx.device) - reserved) / 2**20
+                allocated = torch.cuda.memory_allocated(ctx.device)
+                torch.cuda.reset_peak_memory_stats(ctx.device)
             host, wall, device = time_forwards(runner, groups, ctx.device)
-            rows_out.append(DraftPassRow(variant, segments, rows, host, wall, device, ops))
+            if cuda:  # CUDA-only
+                peak = (torch.cuda.max_memory_allocated(ctx.device) - allocated) / 2**20
+            rows_out.append(DraftPassRow(variant, segments, rows, host, wall, device, ops, held, peak))
     return rows_out
 
 
@@ -132,18 +145,21 @@ def draftpass_section(ctx: CheckContext) -> None:
             runner.prefill(torch.arange(3, 3 + PREFIX_LEN, device=ctx.device), cache, 512)
             cache.length = PREFIX_LEN
         table = measure(ctx, runner, caches, "eager")
-        runner.graphs = DraftGraphs(runner, capture=ctx.device.type == "cuda")
-        table += measure(ctx, runner, caches, "graphs")
-        graphs = len(runner.graphs.passes)
-        profiles = {(n, rows): top_kernels(ctx, runner, [[tree_segment(runner, caches[i], rows, 7 * rows + i, PREFIX_LEN)
-                                                          for i in range(n)]])
-                    for n, rows in ((1, min(ROWS)), (max(SEGMENTS), max(ROWS)))}
+        cuda = ctx.device.type == "cuda"
+        profiles = {}
+        for variant, layout in (("graphs", "block"), ("graphs per segment", "segments")):
+            runner.graphs = DraftGraphs(runner, capture=cuda, layout=layout)
+            table += measure(ctx, runner, caches, variant)
+            graphs = len(runner.graphs.passes)
+            shapes = ((1, min(ROWS)), (max(SEGMENTS), max(ROWS))) if layout == "block" else ((max(SEGMENTS), max(ROWS)),)
+            profiles |= {(variant, n, rows): top_kernels(ctx, runner, [[
+                tree_segment(runner, caches[i], rows, 7 * rows + i, PREFIX_LEN) for i in range(n)]]) for n, rows in shapes}
         runner.graphs = None
         begin = time.perf_counter()
         runner.compile_layers()
         table += measure(ctx, runner, caches, "compiled")
         compile_s = time.perf_counter() - begin - sum(r.wall_ms for r in table if r.variant == "compiled") * TIMED / 1e3
-        runner.graphs = DraftGraphs(runner, capture=ctx.device.type == "cuda")  # the compiled layers captured
+        runner.graphs = DraftGraphs(runner, capture=cuda, layout="block")  # the compiled layers captured
         table += measure(ctx, runner, caches, "compiled graphs")
         compiled_graphs = "failed to capture" if runner.graphs.failed else f"{len(runner.graphs.passes)} captured"
         runner.graphs = None
@@ -152,21 +168,22 @@ def draftpass_section(ctx: CheckContext) -> None:
                 f"{ctx.dtype}; each segment after {PREFIX_LEN} committed slots; median of {TIMED} forwards, "
                 "each synchronized before the next.")
     report.table("forward", "segments", "rows each", "host ms (queued)", "wall ms", "device ms", "aten ops a forward",
-                 "host / device")
+                 "host / device", "MB reserved on first runs", "MB peak above before")
     for r in table:
         report.row(r.variant, r.segments, r.rows, f"{r.host_ms:.2f}", f"{r.wall_ms:.2f}",
-                   f"{r.device_ms:.2f}", r.aten_ops or "-", f"{r.host_ms / max(r.device_ms, 1e-6):.1f}")
+                   f"{r.device_ms:.2f}", r.aten_ops or "-", f"{r.host_ms / max(r.device_ms, 1e-6):.1f}",
+                   "-" if r.held_mb is None else f"{r.held_mb:.0f}", "-" if r.peak_mb is None else f"{r.peak_mb:.0f}")
     report.line()
     eager = {(r.segments, r.rows): r.wall_ms for r in table if r.variant == "eager"}
     for variant in VARIANTS[1:]:
         report.line(f"{variant.capitalize()} / eager wall time: " + ", ".join(
             f"{r.segments} x {r.rows}: {r.wall_ms / eager[(r.segments, r.rows)]:.2f}x" for r in table if r.variant == variant))
-    report.line(f"{graphs} graphs captured (one per shape), compiled graphs {compiled_graphs}; compiling (warm-up forwards included) took about "
+    report.line(f"{graphs} graphs captured a layout (one per shape), compiled graphs {compiled_graphs}; compiling (warm-up forwards included) took about "
                 f"{max(compile_s, 0.0):.0f} s.")
     report.line()
     report.line("Where a graphed forward's time goes (one replay under the profiler: its kernels by self device time; "
                 "on a CPU the static pass's ops by self CPU time):")
-    report.table("segments x rows", "kernel", "calls", "ms")
-    for (n, rows), kernels in profiles.items():
+    report.table("forward", "segments x rows", "kernel", "calls", "ms")
+    for (variant, n, rows), kernels in profiles.items():
         for name, calls, ms in kernels:
-            report.row(f"{n} x {rows}", name if len(name) <= 90 else name[:87] + "...", calls, f"{ms:.3f}")
+            report.row(variant, f"{n} x {rows}", name if len(name) <= 90 else name[:87] + "...", calls, f"{ms:.3f}")

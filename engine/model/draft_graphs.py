@@ -26,6 +26,7 @@ past MAX_SPAN, masks past MASK_BYTES) runs eagerly. On a CPU the same static pas
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -41,9 +42,10 @@ ROW_BUCKETS = (8, 16, 32, 64, 128)  # rows a segment is padded to; a forward of 
 KV_MIN = 1024  # the smallest attended span (slots); spans double from here up to the cache's capacity
 MAX_GRAPHS = 128  # graphs kept; a pass of a new shape past this runs eagerly
 MAX_SPAN = 16384  # slots a segment attends at most (a longer context's forwards run eagerly)
-# every pass's mask buffer together (segments^2 x bucket x span additive values: 4 segments of 128 rows over
-# 4,096 slots take 17 MB); a pass that would go past it runs eagerly
+# every pass's mask buffer together (segments^2 x bucket x span additive values in the block layout: 4
+# segments of 128 rows over 4,096 slots take 17 MB; segments x ... in the segments layout); past it: eagerly
 MASK_BYTES = 256 << 20
+LAYOUTS = ("block", "segments")  # attention_layout
 
 
 def row_bucket(rows: int) -> int | None:
@@ -57,6 +59,16 @@ def kv_span(end: int, capacity: int) -> int | None:
     if end > capacity:
         return None
     return min(capacity, max(KV_MIN, 1 << (end - 1).bit_length()))
+
+
+def attention_layout() -> str:
+    """How a graphed pass attends: "block" (one call under a block-diagonal mask: measured on the H200) or
+    "segments" (a call per segment over its own span: segments x fewer mask values and attention work, more
+    kernels; SPECEXEC_DRAFT_GRAPH_ATTENTION=segments, for bench.gpu_check's draftpass to compare)."""
+    layout = os.environ.get("SPECEXEC_DRAFT_GRAPH_ATTENTION", "block")
+    if layout not in LAYOUTS:
+        raise ValueError(f"SPECEXEC_DRAFT_GRAPH_ATTENTION must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    return layout
 
 
 def graphable(runner: DecoderRunner) -> bool:
@@ -77,17 +89,17 @@ class Gathered:
 
 
 class PooledRows:
-    """Every segment of a StaticPass as attend_layer's one segment (the whole block, `alone`): writes at
-    `write_index`, reads the gathered slots, one mask."""
-
-    alone = True
+    """Rows of a StaticPass as attend_layer's segment: writes at `write_index`, reads the slots `read_index`
+    gathers, under `mask`. Layout "block": every segment's rows as one (`alone`: the whole block, one attention
+    call under a block-diagonal mask); "segments": one each (its `rows` of the block, its own span and mask)."""
 
     def __init__(self, block: KVBlock, write_index: torch.Tensor, read_index: torch.Tensor, mask: torch.Tensor,
-                 layer_rows: range | dict[int, int]):
+                 layer_rows: range | dict[int, int], rows: slice | None = None):
         self.block, self.write_index = block, write_index
         self.keys, self.values = Gathered(block.keys, read_index), Gathered(block.values, read_index)
         self.masks = {None: mask}
         self.layer_rows = layer_rows
+        self.alone, self.rows = rows is None, rows or slice(None)
 
     def write(self, row: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """key, value [1, kv_heads, rows, head_dim] at each row's block slot (write_index [rows])."""
@@ -107,7 +119,7 @@ class StaticPass:
     """A draft pass of one StaticShape: input buffers, the pass over them, its graph."""
 
     def __init__(self, runner: DecoderRunner, block: KVBlock, layer_rows: range | dict[int, int], segments: int,
-                 bucket: int, kv_len: int):
+                 bucket: int, kv_len: int, layout: str = "block"):
         device, total = runner.device, bucket * segments
         self.runner, self.block, self.bucket, self.kv_len = runner, block, bucket, kv_len
         self.ids = torch.zeros(total, dtype=torch.long, device=device)  # [total]
@@ -116,30 +128,39 @@ class StaticPass:
         self.rotary = {key: (cos.clone(), sin.clone()) for key, (cos, sin) in rotary.items()}  # [1, total, dim] each
         self.write_index = torch.zeros(total, dtype=torch.long, device=device)  # [total] block slot of each row
         self.read_index = torch.zeros(segments * kv_len, dtype=torch.long, device=device)  # [segments * kv_len]
-        self.mask = torch.zeros(1, 1, total, segments * kv_len, dtype=runner.dtype, device=device)
-        rows = PooledRows(block, self.write_index, self.read_index, self.mask, layer_rows)
-        self.group = GroupInputs(self.positions, self.rotary, [rows], runner.dtype)  # type: ignore[list-item]
+        if layout == "block":  # [1, 1, total, segments * kv_len]; segment i's [bucket, kv_len] on the diagonal
+            self.mask = torch.zeros(1, 1, total, segments * kv_len, dtype=runner.dtype, device=device)
+            self.views = [self.mask[0, 0, i * bucket : (i + 1) * bucket, i * kv_len : (i + 1) * kv_len]
+                          for i in range(segments)]
+            parts = [PooledRows(block, self.write_index, self.read_index, self.mask, layer_rows)]
+        else:  # "segments": [segments, bucket, kv_len]
+            self.mask = torch.zeros(segments, bucket, kv_len, dtype=runner.dtype, device=device)
+            self.views = list(self.mask)
+            parts = [PooledRows(block, self.write_index[i * bucket : (i + 1) * bucket],
+                                self.read_index[i * kv_len : (i + 1) * kv_len], self.mask[i][None, None], layer_rows,
+                                slice(i * bucket, (i + 1) * bucket)) for i in range(segments)]
+        self.group = GroupInputs(self.positions, self.rotary, parts, runner.dtype)  # type: ignore[arg-type]
         self.offsets = torch.arange(max(bucket, kv_len), device=device)
         self.fill = torch.finfo(runner.dtype).min
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None  # [1, total, hidden] normed: the captured pass's output
 
     def load(self, group: list[Segment]) -> None:
-        """The group's ids, positions, indices and mask into the buffers (segment i's rows from i * bucket)."""
+        """The group's ids, positions, indices and masks into the buffers (segment i's rows from i * bucket)."""
         bucket, kv_len, capacity = self.bucket, self.kv_len, self.block.capacity
         self.ids.zero_()
         self.positions.zero_()
         self.mask.fill_(self.fill)
-        for i, s in enumerate(group):
+        for i, (s, mask) in enumerate(zip(group, self.views, strict=True)):
             row, col, num = i * bucket, i * kv_len, s.input_ids.shape[0]
             base = s.cache.block_index * capacity
             self.ids[row : row + num].copy_(s.input_ids)
             self.positions[0, row : row + num].copy_(s.position_ids)
             torch.add(self.offsets[:bucket], base + s.start_slot, out=self.write_index[row : row + bucket])
             torch.add(self.offsets[:kv_len], base, out=self.read_index[col : col + kv_len])
-            self.mask[0, 0, row : row + num, col : col + s.start_slot + num].masked_fill_(s.allowed, 0.0)
+            mask[:num, : s.start_slot + num].masked_fill_(s.allowed, 0.0)  # [bucket, kv_len]: this segment's
             if num < bucket:
-                self.mask[0, 0, row + num : row + bucket, col] = 0.0  # padded rows: their cache's slot 0
+                mask[num:, 0] = 0.0  # padded rows: their cache's slot 0
             s.cache.write_positions(s.start_slot, s.position_ids)
         for key, (cos, sin) in self.runner._rotary_inputs(self.positions[0], kv_len).items():
             self.rotary[key][0].copy_(cos)
@@ -194,9 +215,10 @@ class DraftGraphs:
     """A draft runner's static passes by shape; `forward` is forward_groups for one group, or None where the
     group has no static form (the caller runs it eagerly)."""
 
-    def __init__(self, runner: DecoderRunner, capture: bool):
+    def __init__(self, runner: DecoderRunner, capture: bool, layout: str | None = None):
         self.runner = runner
         self.capture = capture  # False: run the static pass eagerly (CPU; tests)
+        self.layout = layout or attention_layout()
         self.passes: dict[StaticShape, StaticPass] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.failed = False  # a capture failed: every pass eager from then on
@@ -238,10 +260,12 @@ class DraftGraphs:
         shape = StaticShape(id(block), len(group), bucket, max(spans))  # type: ignore[arg-type, type-var]
         static = self.passes.get(shape)
         if static is None:
-            mask_bytes = (len(group) ** 2) * bucket * shape.kv_len * self.runner.dtype.itemsize
+            blocks = len(group) ** 2 if self.layout == "block" else len(group)
+            mask_bytes = blocks * bucket * shape.kv_len * self.runner.dtype.itemsize
             if len(self.passes) >= MAX_GRAPHS or self.mask_bytes + mask_bytes > MASK_BYTES:
                 return None
             self.mask_bytes += mask_bytes
-            static = StaticPass(self.runner, block, group[0].cache.layer_rows, len(group), bucket, shape.kv_len)
+            static = StaticPass(self.runner, block, group[0].cache.layer_rows, len(group), bucket, shape.kv_len,
+                                self.layout)
             self.passes[shape] = static
         return static

@@ -108,12 +108,15 @@ def test_tiny_run_on_cpu_reports_every_section(tmp_path, capsys):
     assert len(table(text, "disk source read")) == 1
     assert [r[0] for r in table(text, "method")] == ["Autoregressive", "SpecExec"]
     draft_rows = table(text, "forward", "segments")
-    assert [(r[0], r[1]) for r in draft_rows] == [(k, s) for k in ("eager", "graphs", "compiled", "compiled graphs")
+    assert [(r[0], r[1]) for r in draft_rows] == [(k, s) for k in ("eager", "graphs", "graphs per segment", "compiled",
+                                                                   "compiled graphs")
                                                   for s in ("1", "1", "4", "4")]
-    assert all(int(r[6]) > 0 for r in draft_rows[:8])  # aten ops a forward, counted eagerly (the static pass too)
-    assert "4 graphs captured" in text and "compiled graphs 4 captured" in text  # a static pass per shape
-    profiled = table(text, "segments x rows", "kernel")
-    assert {r[0] for r in profiled} == {"1 x 16", "4 x 64"} and all(float(r[3]) > 0 for r in profiled)
+    assert all(int(r[6]) > 0 for r in draft_rows[:12])  # aten ops a forward, counted eagerly (the static pass too)
+    assert all(r[8] == r[9] == "-" for r in draft_rows)  # device memory: CUDA only
+    assert "4 graphs captured a layout" in text and "compiled graphs 4 captured" in text  # a static pass per shape
+    profiled = table(text, "forward", "segments x rows", "kernel")
+    assert {(r[0], r[1]) for r in profiled} == {("graphs", "1 x 16"), ("graphs", "4 x 64"), ("graphs per segment", "4 x 64")}
+    assert all(float(r[4]) > 0 for r in profiled)
 
 
 def test_tiny_full_shape_section_runs_every_table(tmp_path, capsys):

@@ -45,10 +45,10 @@ def tree_segment(runner: DecoderRunner, cache, rows: int, seed: int, last_only: 
     return Segment(ids.to(device), positions.to(device), cache, start, allowed.to(device), logit_rows)
 
 
-def both_ways(runner: DecoderRunner, rows: list[int], capture: bool, seed: int = 0, capacity: int = 1500):
+def both_ways(runner: DecoderRunner, rows: list[int], layout: str, seed: int = 0, capacity: int = 1500):
     """Eager and static logits of one group (a segment per entry of `rows`, each over its own fresh cache,
     the first asking for its last row only), and the caches each way wrote."""
-    graphs = DraftGraphs(runner, capture=capture)
+    graphs = DraftGraphs(runner, capture=False, layout=layout)
     out = []
     for static in (False, True):
         caches = prefilled(runner, len(rows), capacity)
@@ -59,6 +59,15 @@ def both_ways(runner: DecoderRunner, rows: list[int], capture: bool, seed: int =
     return out, graphs
 
 
+def test_the_attention_layout_by_environment(monkeypatch) -> None:
+    assert draft_graphs.attention_layout() == "block"
+    monkeypatch.setenv("SPECEXEC_DRAFT_GRAPH_ATTENTION", "segments")
+    assert draft_graphs.attention_layout() == "segments"
+    monkeypatch.setenv("SPECEXEC_DRAFT_GRAPH_ATTENTION", "rows")
+    with pytest.raises(ValueError, match="block, segments"):
+        draft_graphs.attention_layout()
+
+
 def test_buckets_and_spans() -> None:
     assert [row_bucket(n) for n in (1, 8, 9, 64, 65, 128)] == [8, 8, 16, 64, 128, 128]
     assert row_bucket(ROW_BUCKETS[-1] + 1) is None
@@ -67,11 +76,12 @@ def test_buckets_and_spans() -> None:
     assert kv_span(301, 300) is None
 
 
+@pytest.mark.parametrize("layout", draft_graphs.LAYOUTS)
 @pytest.mark.parametrize("rows", [[1], [5], [8], [13], [5, 13, 2]])
-def test_static_pass_agrees_with_the_eager_pass(rows) -> None:
+def test_static_pass_agrees_with_the_eager_pass(rows, layout) -> None:
     runner = DecoderRunner(build_model("llama", 320, seed=3, layers=2))
     with torch.inference_mode():
-        ((eager, eager_caches, group), (static, static_caches, _)), graphs = both_ways(runner, rows, capture=False)
+        ((eager, eager_caches, group), (static, static_caches, _)), graphs = both_ways(runner, rows, layout)
         assert len(graphs.passes) == 1
         for a, b in zip(eager, static, strict=True):
             assert a.shape == b.shape
@@ -102,7 +112,7 @@ def test_passes_without_a_static_form_are_left_to_the_loop() -> None:
 
 def test_masks_past_their_budget_and_long_spans_run_eagerly(monkeypatch) -> None:
     runner = DecoderRunner(build_model("llama", 320, seed=3, layers=2))
-    graphs = DraftGraphs(runner, capture=False)
+    graphs = DraftGraphs(runner, capture=False, layout="block")
     with torch.inference_mode():
         caches = prefilled(runner, 2)
         assert graphs.forward([tree_segment(runner, caches[0], 5, 1)]) is not None  # 8 rows x 1024 slots x 4 bytes
@@ -130,8 +140,10 @@ def run_pair(engine: Engine, prompts: list[list[int]], params: SamplingParams) -
     return emitted, per_step
 
 
-@pytest.mark.parametrize("streams,overlap", [(1, False), (2, True)])
-def test_a_draft_on_the_static_pass_grows_the_same_trees_and_emits_the_targets_tokens(tmp_path, streams, overlap) -> None:
+@pytest.mark.parametrize("streams,overlap,layout", [(1, False, "block"), (2, True, "block"), (2, False, "segments")])
+def test_a_draft_on_the_static_pass_grows_the_same_trees_and_emits_the_targets_tokens(
+        tmp_path, monkeypatch, streams, overlap, layout) -> None:
+    monkeypatch.setenv("SPECEXEC_DRAFT_GRAPH_ATTENTION", layout)
     target_path, draft_path = make_tiny_pair(tmp_path, arch="llama", draft="noisy", seed=4)
     prompts = [[5, 6, 7, 8, 9], [40, 41, 42]][:streams]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
