@@ -13,7 +13,7 @@ one KVBlock (the KV pool's draft caches: DecoderRunner.new_caches), whichever of
   own cache's gathered slots as their `allowed` says, nothing else; padded rows see their cache's slot 0
   (finite rows: a masked slot's value must never be NaN, or 0 x NaN poisons a row that masks it);
 - ids, positions, rotary cos/sin, indices and the mask are copied into the pass's buffers before a replay;
-  the final norm runs inside, the head over the rows asked for after it, eagerly (no logits buffer per graph).
+  the final norm and the head run after it over the rows asked for, eagerly (no logits buffer per graph).
 Outputs equal the eager pass's up to the kernels' rounding at other shapes, so only a draft runs this way:
 verification checks whatever it proposes, and the output stays the target's (tests/model/test_draft_graphs.py).
 
@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.model import families
 from engine.model.hf_attention import GroupInputs, engine_attention
 from engine.model.kv_cache import KVBlock
 from engine.model.runner import DecoderRunner, ResidentLayers, Segment
@@ -143,7 +142,7 @@ class StaticPass:
         self.offsets = torch.arange(max(bucket, kv_len), device=device)
         self.fill = torch.finfo(runner.dtype).min
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.hidden: torch.Tensor | None = None  # [1, total, hidden] normed: the captured pass's output
+        self.hidden: torch.Tensor | None = None  # [1, total, hidden]: the captured pass's output
 
     def load(self, group: list[Segment]) -> None:
         """The group's ids, positions, indices and masks into the buffers (segment i's rows from i * bucket)."""
@@ -167,14 +166,14 @@ class StaticPass:
             self.rotary[key][1].copy_(sin)
 
     def run(self) -> torch.Tensor:
-        """The pass over the buffers (what a graph captures): [1, total, hidden], after the final norm."""
+        """The pass over the buffers (what a graph captures): [1, total, hidden] before the final norm."""
         runner = self.runner
         hidden = runner.embed(self.ids)[None]
         with runner.attention_kernels(), engine_attention(runner.config):
             for idx in range(runner.layers.num_layers):
                 with runner.layers.layer(idx) as layer:
                     hidden = runner._run_layer(layer, idx, hidden, self.group)
-        return runner.norm(hidden)
+        return hidden
 
     def capture(self, pool: tuple[int, int]) -> None:
         """Warm up, then capture `run`, on a stream of this pass's own: ordered after the current stream's
@@ -196,19 +195,7 @@ class StaticPass:
 
     def logits(self, group: list[Segment], hidden: torch.Tensor) -> list[torch.Tensor | None]:
         """The head over each segment's rows asked for (its logit_rows, else all its rows): [rows, vocab] float32."""
-        runner, rows, counts = self.runner, [], []
-        for i, s in enumerate(group):
-            begin, num = i * self.bucket, s.input_ids.shape[0]
-            wanted = self.offsets[:num] + begin
-            if s.logit_rows is not None:
-                wanted = wanted[s.logit_rows]
-            rows.append(wanted)
-            counts.append(wanted.shape[0])
-        if sum(counts) == 0:
-            return [None] * len(group)
-        selected = hidden[0].index_select(0, torch.cat(rows))  # [sum(counts), hidden]
-        logits = families.scale_logits(runner.family, runner.config, runner.lm_head(selected)).float()
-        return [part if count else None for part, count in zip(logits.split(counts), counts, strict=True)]
+        return self.runner.head_rows(group, [i * self.bucket for i in range(len(group))], hidden)
 
 
 class DraftGraphs:

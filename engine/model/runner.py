@@ -295,9 +295,15 @@ class DecoderRunner:
         split back per segment."""
         if len(group) == 1 and group[0].logit_rows is None:  # one segment, every row: no row selection
             return [families.scale_logits(self.family, self.config, self.lm_head(self.norm(hidden)))[0].float()]
+        return self.head_rows(group, [inputs.row_begin for inputs in plan.segments], hidden)
+
+    def head_rows(self, group: list[Segment], begins: list[int], hidden: torch.Tensor) -> list[torch.Tensor | None]:
+        """norm + head (+ scaling) over the rows each segment asks for (its logit_rows of its rows from
+        begins[i] in hidden [1, rows, hidden], else all of them), in one call: per segment [rows, vocab]
+        float32, None where it asks for none."""
         rows, counts = [], []
-        for s, inputs in zip(group, plan.segments, strict=True):
-            wanted = torch.arange(inputs.row_begin, inputs.row_end, device=hidden.device)
+        for s, begin in zip(group, begins, strict=True):
+            wanted = torch.arange(begin, begin + s.input_ids.shape[0], device=hidden.device)
             if s.logit_rows is not None:
                 wanted = wanted[s.logit_rows]
             rows.append(wanted)

@@ -21,26 +21,32 @@ from tests.helpers.tool_models import HERMES_TEMPLATE, last_prompt
 CALL = '<tool_call>\n{"name": "mcp__weather__get_forecast", "arguments": {"city": "Paris"}}\n</tool_call><|end|>'
 
 
+def run_claude(srv, tmp_path: Path, prompt: str, *args: str, files: dict[str, bytes] | None = None) -> dict:
+    """`claude -p prompt args` in a fresh home against `srv` (its work folder holding `files`): its final JSON."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    for name, data in (files or {}).items():
+        (work / name).write_bytes(data)
+    env = {"PATH": str(Path(shutil.which("node") or "node").parent) + ":/usr/bin:/bin", "HOME": str(home),
+           "LANG": "C.UTF-8", "ANTHROPIC_BASE_URL": srv.url, "ANTHROPIC_API_KEY": "unused",
+           "ANTHROPIC_MODEL": "fake-model", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "fake-model", "DISABLE_TELEMETRY": "1",
+           "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    result = subprocess.run(["node", str(CLAUDE), "-p", prompt, "--output-format", "json", *args],
+                            env=env, cwd=work, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("node") is None or not CLAUDE.is_file(),
                     reason="Claude Code is not installed: npm ci --prefix tests/clients/claude_code")
 def test_claude_code_runs_an_mcp_tool_the_model_calls(fake_server, tmp_path: Path) -> None:
     srv = fake_server(turn_engine(HERMES_TEMPLATE, CALL, "It is sunny.<|end|>"))
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
     (tmp_path / "mcp_server.py").write_text(MCP_SERVER)
     mcp = {"mcpServers": {"weather": {"command": sys.executable, "args": [str(tmp_path / "mcp_server.py")]}}}
-    env = {"PATH": str(Path(shutil.which("node") or "node").parent) + ":/usr/bin:/bin", "HOME": str(home),
-           "LANG": "C.UTF-8", "ANTHROPIC_BASE_URL": srv.url, "ANTHROPIC_API_KEY": "unused",
-           "ANTHROPIC_MODEL": "fake-model", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "fake-model", "DISABLE_TELEMETRY": "1",
-           "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-    result = subprocess.run(["node", str(CLAUDE), "-p", "Weather in Paris?", "--output-format", "json",
-                             "--mcp-config", json.dumps(mcp), "--strict-mcp-config",
-                             "--allowedTools", "mcp__weather__get_forecast"],
-                            env=env, cwd=work, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
-    final = json.loads(result.stdout.strip().splitlines()[-1])
+    final = run_claude(srv, tmp_path, "Weather in Paris?", "--mcp-config", json.dumps(mcp), "--strict-mcp-config",
+                       "--allowedTools", "mcp__weather__get_forecast")
     assert final["subtype"] == "success" and final["result"] == "It is sunny.", final
     assert final["num_turns"] == 2, final  # the call, then the answer
     assert TOOL_OUTPUT in last_prompt(srv)  # the MCP server's answer, in the second request's prompt
@@ -72,21 +78,10 @@ def test_claude_code_reads_a_pdf_the_model_asks_for(fake_server, tmp_path: Path)
     """Claude Code's Read of a PDF sends the file back as a document block in the tool_result (a 400 before
     server/tool_files.py, which ended the turn): now a note in the prompt, and the model's answer ends the turn."""
     call = '<tool_call>\n{"name": "Read", "arguments": {"file_path": "%s"}}\n</tool_call><|end|>'
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    (work / "report.pdf").write_bytes(minimal_pdf("Quarterly report"))
-    srv = fake_server(turn_engine(HERMES_TEMPLATE, call % (work / "report.pdf"), "It is a report.<|end|>",
+    srv = fake_server(turn_engine(HERMES_TEMPLATE, call % (tmp_path / "work" / "report.pdf"), "It is a report.<|end|>",
                                   done_marker="<tool_response>"))
-    env = {"PATH": str(Path(shutil.which("node") or "node").parent) + ":/usr/bin:/bin", "HOME": str(home),
-           "LANG": "C.UTF-8", "ANTHROPIC_BASE_URL": srv.url, "ANTHROPIC_API_KEY": "unused",
-           "ANTHROPIC_MODEL": "fake-model", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "fake-model", "DISABLE_TELEMETRY": "1",
-           "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-    result = subprocess.run(["node", str(CLAUDE), "-p", "What is report.pdf?", "--output-format", "json",
-                             "--allowedTools", "Read"],
-                            env=env, cwd=work, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
-    final = json.loads(result.stdout.strip().splitlines()[-1])
+    final = run_claude(srv, tmp_path, "What is report.pdf?", "--allowedTools", "Read",
+                       files={"report.pdf": minimal_pdf("Quarterly report")})
     assert final["subtype"] == "success" and final["result"] == "It is a report.", final
     assert final["num_turns"] == 2, final  # the Read, then the answer
     tool_part = last_prompt(srv)[last_prompt(srv).index("<tool_response>"):]
