@@ -70,10 +70,21 @@ def attention_layout() -> str:
     return layout
 
 
+PLAIN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def graphable(runner: DecoderRunner) -> bool:
     """Whether the runner's pass has a static form here: resident layers, full attention in every layer
-    (no sliding windows, no linear-attention layers)."""
-    return isinstance(runner.layers, ResidentLayers) and runner.window_set == {None} and not any(runner.linear_layers)
+    (no sliding windows, no linear-attention layers), dense MLPs, and plain weights: a quantized layer (int4 nibbles,
+    FP8, MXFP4: a quantized self-draft) makes its full-size matrices per call, which a graph's pool would hold
+    for good beside the memory plan."""
+    if not (isinstance(runner.layers, ResidentLayers) and runner.window_set == {None} and not any(runner.linear_layers)):
+        return False
+    if any(hasattr(getattr(layer, "mlp", None), "experts") or hasattr(layer, "block_sparse_moe")
+           for layer in runner.hf_layers):
+        return False  # mixture of experts: routing picks rows by data (host syncs a capture cannot hold)
+    tensors = (t for layer in runner.hf_layers for t in (*layer.parameters(), *layer.buffers()))
+    return all(t.dtype in PLAIN_DTYPES or t.dtype == torch.int64 for t in tensors)  # int64: index buffers
 
 
 class Gathered:

@@ -11,10 +11,11 @@ from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.model import draft_graphs
-from engine.model.draft_graphs import KV_MIN, ROW_BUCKETS, DraftGraphs, kv_span, row_bucket
+from engine.model.draft_graphs import KV_MIN, ROW_BUCKETS, DraftGraphs, graphable, kv_span, row_bucket
 from engine.model.runner import DecoderRunner, Segment
 from engine.runtime import Engine
 from engine.types import Request, SamplingParams
+from tests.helpers.family_configs import FAMILIES
 from tests.helpers.reference import plain_loop
 from tests.helpers.tiny_models import build_model, make_tiny_pair
 
@@ -91,6 +92,28 @@ def test_static_pass_agrees_with_the_eager_pass(rows, layout) -> None:
             torch.testing.assert_close(s.keys[:, :, :end], e.keys[:, :, :end], rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(s.values[:, :, :end], e.values[:, :, :end], rtol=1e-4, atol=1e-4)
             assert torch.isfinite(s.keys).all() and torch.isfinite(s.values).all()  # padded rows' slots too
+
+
+GRAPHABLE = {"llama", "qwen2", "qwen3", "glm4", "olmo2", "granite", "smollm3", "ministral3"}  # dense, full attention
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_families_with_a_static_pass_agree_with_their_eager_pass(family) -> None:
+    """Sliding windows, linear attention and mixtures of experts have none; the rest agree with eager."""
+    runner = DecoderRunner(build_model(family, 320, seed=3, layers=2))
+    assert graphable(runner) == (family in GRAPHABLE)
+    if family in GRAPHABLE:
+        with torch.inference_mode():
+            ((eager, _, _), (static, _, _)), _ = both_ways(runner, [5, 13], "block")
+        for a, b in zip(eager, static, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+def test_quantized_layers_are_not_graphed() -> None:
+    runner = DecoderRunner(build_model("llama", 320, seed=3, layers=2))
+    assert graphable(runner)
+    runner.hf_layers[1].mlp.register_buffer("packed", torch.zeros(4, 4, dtype=torch.int32))  # int4 nibbles, say
+    assert not graphable(runner)
 
 
 def test_passes_without_a_static_form_are_left_to_the_loop() -> None:
