@@ -34,6 +34,7 @@ from engine.speculation.batch import run_batch
 from engine.speculation.budget import BudgetTracker, budget_grid, calibration_budgets
 from engine.speculation.drafter import Drafter
 from engine.speculation.grammar import GrammarCache
+from engine.speculation.prediction import Prediction
 from engine.speculation.rrs_shape import ShapeBook
 from engine.speculation.sampling import logits_workspace_bytes, make_generator
 from engine.speculation.step import PREFILL_CHUNK, SequenceState, StepContext
@@ -314,6 +315,7 @@ class Engine:
             output_counts=torch.zeros(vocab, device=self.device),
             prompt_mask=prompt_mask,
             grammar=None if structured is None else self.grammars.new_state(structured, self.device),
+            prediction=Prediction(list(request.prediction_ids)) if request.prediction_ids else None,
         )
         spec = self.request_speculation(request)
         speculative_draft = self.pair.draft is not None and spec.method != "autoregressive"

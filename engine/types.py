@@ -149,6 +149,8 @@ class Request:
     # the speculation method this request runs under (None: the engine's); "autoregressive" runs it
     # without a draft, one token per target pass; the others need the engine's draft
     method: SpeculationMethod | None = None
+    # a predicted output's token ids (OpenAI's `prediction`): grafted into each SpecExec tree as a chain
+    prediction_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)

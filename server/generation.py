@@ -18,6 +18,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response
 
 from engine.async_engine import AsyncEngine
+from engine.speculation.prediction import Prediction
 from engine.types import (
     EngineUnavailable,
     FinishReason,
@@ -71,6 +72,9 @@ class Generation:
         self._logprob_ids: list[int] = []  # consumed tokens whose logprobs are not taken yet
         self._logprob_entries: list[TokenLogprob] = []
         self._returned = GenerationStats()  # passes, tokens and seconds of the steps the text consumed
+        # a predicted output followed over the tokens the text consumed (usage's accepted_prediction_tokens)
+        self._prediction = Prediction(request.prediction_ids) if request.prediction_ids else None
+        self._answer: list[int] = []
         try:
             self._stream = async_engine.submit(request)  # raises before any byte is sent
         except QueueFull as exc:
@@ -152,6 +156,7 @@ class Generation:
             self._keep_logprobs(delta, self.text.num_tokens - consumed)
             if not was_stopped:
                 self._count_step(delta, self.text.num_tokens - consumed)
+                self._follow_prediction(delta.token_ids[: self.text.num_tokens - consumed])
             if self.text.stopped and not was_stopped:
                 self._async_engine.abort(self.request_id)  # then drain: the final delta comes within one step
             if piece:
@@ -181,6 +186,20 @@ class Generation:
                 if not self.text.drops(token_id):
                     self._logprob_ids.append(token_id)
                     self._logprob_entries.append(entry)
+
+    def _follow_prediction(self, token_ids: list[int]) -> None:
+        if self._prediction is not None and token_ids:
+            self._answer += token_ids
+            self._prediction.advance(self._answer, token_ids)
+
+    @property
+    def prediction_tokens(self) -> tuple[int, int] | None:
+        """(accepted, rejected) tokens of the predicted output: those the answer followed, the rest of it
+        (OpenAI's usage fields); None without a prediction."""
+        if self._prediction is None:
+            return None
+        accepted = self._prediction.accepted
+        return accepted, max(0, len(self._prediction.token_ids) - accepted)
 
     def _count_step(self, delta: TokenDelta, num_consumed: int) -> None:
         """Count one engine step into the returned totals with the `num_consumed` of its tokens the text
@@ -303,7 +322,9 @@ async def collect_texts(request: HTTPRequest, gens: list[Generation], response_i
 def choices_usage(gens: list[Generation]) -> dict[str, Any]:
     """The response's usage: the prompt counted once (as OpenAI does for n > 1), completions summed;
     prompt_tokens_details.cached_tokens: prompt tokens the prefix cache served (the first choice's);
-    completion_tokens_details.reasoning_tokens: their reasoning tokens (server/reasoning_tokens.py)."""
+    completion_tokens_details.reasoning_tokens: their reasoning tokens (server/reasoning_tokens.py);
+    accepted_prediction_tokens / rejected_prediction_tokens: with a `prediction`, its tokens the answers
+    followed and the rest."""
     prompt_tokens = gens[0].prompt_tokens
     completion_tokens = sum(gen.completion_tokens for gen in gens)
     cached = gens[0].totals.cached_tokens if gens[0].totals is not None else 0
@@ -311,8 +332,15 @@ def choices_usage(gens: list[Generation]) -> dict[str, Any]:
                              "total_tokens": prompt_tokens + completion_tokens,
                              "prompt_tokens_details": {"cached_tokens": cached}}
     reasoning = [gen.num_reasoning_tokens for gen in gens if gen.num_reasoning_tokens is not None]
+    details: dict[str, int] = {}
     if reasoning:  # a model that reasons (OpenAI's and vLLM's field); absent otherwise, as before
-        usage["completion_tokens_details"] = {"reasoning_tokens": sum(reasoning)}
+        details["reasoning_tokens"] = sum(reasoning)
+    predicted = [gen.prediction_tokens for gen in gens if gen.prediction_tokens is not None]
+    if predicted:  # a chat request with a `prediction` (OpenAI's Predicted Outputs)
+        details["accepted_prediction_tokens"] = sum(accepted for accepted, _ in predicted)
+        details["rejected_prediction_tokens"] = sum(rejected for _, rejected in predicted)
+    if details:
+        usage["completion_tokens_details"] = details
     return usage
 
 

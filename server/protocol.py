@@ -217,8 +217,22 @@ def checked_sampling_params(**fields: Any) -> SamplingParams:
         raise invalid_request(f"{exc}.", exc.field, "invalid_value") from None
 
 
+class PredictedOutput(_Model):
+    """OpenAI's Predicted Outputs: text much of the answer is expected to repeat (a file being edited). Here
+    its tokens are grafted into every SpecExec tree as a chain (engine.speculation.prediction)."""
+
+    type: Literal["content"]
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content if part.type == "text")
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
+    prediction: PredictedOutput | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)

@@ -58,6 +58,8 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
     traced = req.specexec is not None and bool(req.specexec.trace)
 
     drop_ids = prompt.text_drop_ids(plan, reads_reasoning=opening is not None)
+    predicted = getattr(req, "prediction", None)  # chat's Predicted Outputs: a chain in every tree
+    prediction_ids = None if predicted is None else prompt.tokenizer.encode(predicted.text(), add_special_tokens=False)
 
     def start(index: int, choice: SamplingParams) -> Generation:
         text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=drop_ids)
@@ -66,7 +68,8 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
         reasoning = None if opening is None else ReasoningSplitter(inside=opening is Opening.OPENED,
                                                                    tags=prompt.think_tags)
         trace = StepTrace(prompt.tokenizer, tree_method(speculation, method, choice), drop_ids) if traced else None
-        engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice, method)
+        engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice, method,
+                                       prediction_ids=prediction_ids or None)
         return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,
                           tools=tools, reasoning=reasoning, trace=trace)
 

@@ -15,6 +15,8 @@ from engine.speculation.budget import acceptance_curve, node_indicator
 from engine.speculation.drafter import Drafter, GrowLimits, Growth
 from engine.speculation.logprobs import emitted_logprobs, unpack_logprobs
 from engine.speculation.overlap import SEEDED_FORWARDS, commit_draft, extension
+from engine.speculation.prediction import SHARE as PREDICTION_SHARE
+from engine.speculation.prediction import Prediction, graft_chain
 from engine.speculation.rrs import verify_rrs
 from engine.speculation.rrs_growth import CHILDREN as RRS_CHILDREN
 from engine.speculation.rrs_growth import grow_rrs_tree
@@ -48,6 +50,7 @@ class SequenceState:
     step_logprobs: list[TokenLogprob] | None = None  # last step's, one per new token (params.logprobs set)
     grammar: GrammarState | None = None  # structured output: the grammar after the committed tokens
     tree_shape: TreeShape | None = None  # RRS trees: the acceptance model and threshold learned so far
+    prediction: Prediction | None = None  # the request's predicted output (OpenAI's `prediction`)
 
     @property
     def root_id(self) -> int:
@@ -104,14 +107,19 @@ def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
             growth = grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits, mask,
                                seed, SEEDED_FORWARDS)
         tree = yield from growth
+        if seq.prediction is not None and tree.draft_probs is None and tree.proposals is None:  # SpecExec trees
+            chain = seq.prediction.chain(min(ctx.budget // PREDICTION_SHARE, max_depth))
+            if chain:
+                tree = graft_chain(tree, chain, ctx.budget + 1)
     if grammar is not None:
         tree.allowed = grammar.bitmask(tree)
     return tree
 
 
 def can_extend(ctx: StepContext, tree: Tree) -> bool:
-    """Whether the tree grows on during its pass: SpecExec trees (best-first, with their proposals)."""
-    return ctx.spec.method == "specexec" and tree.child_lp is not None
+    """Whether the tree grows on during its pass: SpecExec trees (best-first, with their proposals), but not
+    those with a predicted output's chain (the draft never expands its nodes)."""
+    return ctx.spec.method == "specexec" and tree.child_lp is not None and tree.predicted == 0
 
 
 def extension_growth(ctx: StepContext, seq: SequenceState, tree: Tree, stop: Callable[[], bool]) -> Growth:
@@ -228,5 +236,7 @@ def commit_step(
     if seq.tree_shape is not None and tree.proposals is not None and verdict.node_log_probs is not None:
         seq.tree_shape.observe(tree, verdict.node_log_probs)
     seq.token_ids.extend(new_ids)
+    if seq.prediction is not None:
+        seq.prediction.advance(seq.token_ids[seq.prompt_len :], new_ids)
     accept_committed(seq, new_ids)
     return new_ids

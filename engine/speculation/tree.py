@@ -35,6 +35,7 @@ class Tree:
     child_ids: torch.Tensor | None = None
     extension_forwards: int = 0  # draft forwards an extension spent growing this tree during a pass (overlap)
     proposals: Proposals | None = None  # RRS trees: the draft's proposals at every expanded node
+    predicted: int = 0  # nodes grafted from a predicted output, the last ones (engine.speculation.prediction)
 
     @property
     def num_nodes(self) -> int:
