@@ -211,6 +211,12 @@ class PromptBuilder:
         assert self.fim is not None
         return self.fim.prompt_ids(prompt, suffix)
 
+    def prediction_ids(self, text: str) -> list[int] | None:
+        """A predicted output's tokens (chat's `prediction`), None when empty; text longer than the context
+        could hold is a 400 before tokenizing."""
+        self.check_num_chars(len(text), "prediction")
+        return self.tokenizer.encode(text, add_special_tokens=False) or None
+
     def stop_ids(self, request: SamplingRequest) -> tuple[int, ...]:
         """Token ids that end this request beyond EOS and `stop_token_ids` (FIM end markers)."""
         return self.fim.stop_ids if self.fim is not None and self.is_fim(request) else ()

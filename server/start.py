@@ -59,7 +59,7 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
 
     drop_ids = prompt.text_drop_ids(plan, reads_reasoning=opening is not None)
     predicted = getattr(req, "prediction", None)  # chat's Predicted Outputs: a chain in every tree
-    prediction_ids = None if predicted is None else prompt.tokenizer.encode(predicted.text(), add_special_tokens=False)
+    prediction_ids = None if predicted is None else await lane.run(prompt.prediction_ids, predicted.text())
 
     def start(index: int, choice: SamplingParams) -> Generation:
         text = TextStream(prompt.tokenizer, req.stop_strings(), drop_ids=drop_ids)
@@ -69,7 +69,7 @@ async def start_generations(state: ServerState, req: SamplingRequest, chat: bool
                                                                    tags=prompt.think_tags)
         trace = StepTrace(prompt.tokenizer, tree_method(speculation, method, choice), drop_ids) if traced else None
         engine_request = EngineRequest(choice_request_id(env.id, index), prompt_ids, choice, method,
-                                       prediction_ids=prediction_ids or None)
+                                       prediction_ids=prediction_ids)
         return Generation(async_engine, engine_request, text, state.metrics, endpoint, logprobs=logprobs,
                           tools=tools, reasoning=reasoning, trace=trace)
 
