@@ -39,3 +39,9 @@ def test_a_prediction_of_another_type_is_a_400(client, model_id) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         create(client, model_id, prediction={"type": "file", "content": "x"})
     assert "prediction" in str(caught.value)
+
+
+def test_a_prediction_longer_than_the_context_could_hold_is_a_400(client, model_id) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        create(client, model_id, prediction={"type": "content", "content": "word " * 200_000})
+    assert caught.value.body["param"] == "prediction"
