@@ -150,6 +150,9 @@ class Scheduler:
             running.totals.prefill_seconds = time.perf_counter() - running.admitted_at
         logprobs = None if seq.step_logprobs is None else seq.step_logprobs[: len(new_ids)]
         totals = running.totals if finish else None
+        if finish is not None and seq.prediction is not None:
+            running.totals.prediction_tokens = len(seq.prediction.token_ids)
+            running.totals.accepted_prediction_tokens = seq.prediction.accepted
         if finish is not None:
             self.release(running)
         return TokenDelta(running.request_id, new_ids, finish, stats, totals, logprobs)

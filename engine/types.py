@@ -230,6 +230,8 @@ class GenerationStats:
     decode_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    prediction_tokens: int = 0  # a predicted output's tokens (chat's `prediction`; 0: none)
+    accepted_prediction_tokens: int = 0  # generated tokens that followed the prediction where it stood
 
     def add_step(self, stats: StepStats, decode: bool = True) -> None:
         """Count a step's tokens; its seconds only if `decode` (a request's first step, which also

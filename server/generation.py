@@ -18,7 +18,6 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response
 
 from engine.async_engine import AsyncEngine
-from engine.speculation.prediction import Prediction
 from engine.types import (
     EngineUnavailable,
     FinishReason,
@@ -72,9 +71,6 @@ class Generation:
         self._logprob_ids: list[int] = []  # consumed tokens whose logprobs are not taken yet
         self._logprob_entries: list[TokenLogprob] = []
         self._returned = GenerationStats()  # passes, tokens and seconds of the steps the text consumed
-        # a predicted output followed over the tokens the text consumed (usage's accepted_prediction_tokens)
-        self._prediction = Prediction(request.prediction_ids) if request.prediction_ids else None
-        self._answer: list[int] = []
         try:
             self._stream = async_engine.submit(request)  # raises before any byte is sent
         except QueueFull as exc:
@@ -156,7 +152,6 @@ class Generation:
             self._keep_logprobs(delta, self.text.num_tokens - consumed)
             if not was_stopped:
                 self._count_step(delta, self.text.num_tokens - consumed)
-                self._follow_prediction(delta.token_ids[: self.text.num_tokens - consumed])
             if self.text.stopped and not was_stopped:
                 self._async_engine.abort(self.request_id)  # then drain: the final delta comes within one step
             if piece:
@@ -187,19 +182,14 @@ class Generation:
                     self._logprob_ids.append(token_id)
                     self._logprob_entries.append(entry)
 
-    def _follow_prediction(self, token_ids: list[int]) -> None:
-        if self._prediction is not None and token_ids:
-            self._answer += token_ids
-            self._prediction.advance(self._answer, token_ids)
-
     @property
     def prediction_tokens(self) -> tuple[int, int] | None:
-        """(accepted, rejected) tokens of the predicted output: those the answer followed, the rest of it
-        (OpenAI's usage fields); None without a prediction."""
-        if self._prediction is None:
+        """(accepted, rejected) tokens of the predicted output once finished: those the answer followed, the
+        rest of it (OpenAI's usage fields; the engine's count); None without a prediction."""
+        if not self.request.prediction_ids or self.totals is None:
             return None
-        accepted = self._prediction.accepted
-        return accepted, max(0, len(self._prediction.token_ids) - accepted)
+        accepted = min(self.totals.accepted_prediction_tokens, self.completion_tokens)
+        return accepted, max(0, self.totals.prediction_tokens - accepted)
 
     def _count_step(self, delta: TokenDelta, num_consumed: int) -> None:
         """Count one engine step into the returned totals with the `num_consumed` of its tokens the text
