@@ -20,8 +20,9 @@ from typing import Any
 FILE_NOTE = "[file omitted: {name}: this server reads no {kind} files]"
 
 
-def note(name: str | None, kind: str) -> str:
-    return FILE_NOTE.format(name=name or "unnamed", kind=kind)
+def note(name: str | None, media_type: str) -> str:
+    """FILE_NOTE naming the file and its kind (a media type; application/pdf as PDF)."""
+    return FILE_NOTE.format(name=name or "unnamed", kind="PDF" if media_type == "application/pdf" else media_type)
 
 
 def titled(title: Any, text: str) -> str:
@@ -51,8 +52,7 @@ def anthropic_document_text(block: dict[str, Any]) -> str | None:
 
 def anthropic_document_note(block: dict[str, Any]) -> str:
     source = block.get("source") if isinstance(block.get("source"), dict) else {}
-    kind = str(source.get("media_type") or source.get("type") or "such")
-    return note(block.get("title"), "PDF" if kind == "application/pdf" else kind)
+    return note(block.get("title"), str(source.get("media_type") or source.get("type") or "such"))
 
 
 def responses_file_text(part: dict[str, Any]) -> str:
@@ -68,8 +68,7 @@ def responses_file_text(part: dict[str, Any]) -> str:
             text = _decoded(payload, name)
             if text is not None:
                 return text
-        kind = media[5:].split(";")[0] if media else "such"
-        return note(name, "PDF" if kind == "application/pdf" else kind)
+        return note(name, media[5:].split(";")[0] if media else "such")
     return note(name or part.get("file_id") or part.get("file_url"), "fetched")
 
 

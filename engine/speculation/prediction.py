@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.speculation.tree import Tree, keep_nodes
+from engine.speculation.tree import Tree, keep_nodes, spelled_path
 
 MATCH = 8  # answer tokens matched against the prediction to find the answer's place in it
 MIN_MATCH = 2  # fewer matching tokens than this (once the answer has them) place nothing
@@ -43,8 +43,9 @@ class Prediction:
         return self.token_ids[self.position : self.position + length]
 
     def advance(self, answer: list[int], new_ids: list[int]) -> None:
-        """After a step appended `new_ids` to the answer (`answer`: every generated token, new_ids last): a
-        token the prediction has where it stands moves it on; another places it again (`find`)."""
+        """After a step appended `new_ids` to the answer (`answer`: the generated tokens, new_ids last; only
+        its last MATCH + len(new_ids) are read): a token the prediction has where it stands moves it on;
+        another places it again (`find`)."""
         start = len(answer) - len(new_ids)
         for j, token in enumerate(new_ids):
             if self.position < len(self.token_ids) and self.token_ids[self.position] == token:
@@ -69,14 +70,7 @@ def graft_chain(tree: Tree, chain: list[int], max_nodes: int) -> Tree:
     the rest of the chain appended as unexpanded nodes scored -inf, the tree first cut to its first nodes so
     that it ends with at most max_nodes (the chain's new nodes counted in tree.predicted). One host sync."""
     num_nodes = tree.num_nodes
-    host = torch.cat([tree.token_ids, tree.parents]).tolist()
-    child_of = {(host[num_nodes + node], host[node]): node for node in range(1, num_nodes)}
-    path = [0]  # the chain's existing nodes (increasing indices: parents precede children)
-    for token in chain:
-        node = child_of.get((path[-1], token))
-        if node is None:
-            break
-        path.append(node)
+    path = spelled_path(tree, chain)  # the chain's existing nodes (increasing indices: parents precede children)
     keep = max_nodes - (len(chain) - (len(path) - 1))
     while True:  # nodes past `keep` are cut, the chain's among them; what is cut of it is appended again
         on_chain = sum(1 for node in path if node < keep)

@@ -15,6 +15,7 @@ from engine.speculation.budget import acceptance_curve, node_indicator
 from engine.speculation.drafter import Drafter, GrowLimits, Growth
 from engine.speculation.logprobs import emitted_logprobs, unpack_logprobs
 from engine.speculation.overlap import SEEDED_FORWARDS, commit_draft, extension
+from engine.speculation.prediction import MATCH as PREDICTION_MATCH
 from engine.speculation.prediction import SHARE as PREDICTION_SHARE
 from engine.speculation.prediction import Prediction, graft_chain
 from engine.speculation.rrs import verify_rrs
@@ -237,6 +238,7 @@ def commit_step(
         seq.tree_shape.observe(tree, verdict.node_log_probs)
     seq.token_ids.extend(new_ids)
     if seq.prediction is not None:
-        seq.prediction.advance(seq.token_ids[seq.prompt_len :], new_ids)
+        tail = max(seq.prompt_len, len(seq.token_ids) - len(new_ids) - PREDICTION_MATCH)  # what `advance` reads
+        seq.prediction.advance(seq.token_ids[tail:], new_ids)
     accept_committed(seq, new_ids)
     return new_ids

@@ -101,19 +101,29 @@ def path_token_counts(tree: Tree, vocab_size: int, rows: slice = slice(None)) ->
     return counts.scatter_add_(1, token_of, on_path)  # no nonzero(): no host sync
 
 
-def find_node(tree: Tree, token_ids: list[int]) -> int | None:
-    """The node whose path below the root is `token_ids`, or None. Siblings are distinct, so the path is
-    unique. One host sync (the tree's ids and parents)."""
+def child_index(tree: Tree) -> dict[tuple[int, int], int]:
+    """(parent, token) -> node, for every node but the root (siblings are distinct). One host sync."""
     num_nodes = tree.num_nodes
     host = torch.cat([tree.token_ids, tree.parents]).tolist()
-    tokens, parents = host[:num_nodes], host[num_nodes:]
-    child_of = {(parents[node], tokens[node]): node for node in range(1, num_nodes)}
-    node: int | None = 0
+    return {(host[num_nodes + node], host[node]): node for node in range(1, num_nodes)}
+
+
+def spelled_path(tree: Tree, token_ids: list[int]) -> list[int]:
+    """The root, then the nodes spelling the longest prefix of `token_ids` below it (indices increase)."""
+    child_of = child_index(tree)
+    path = [0]
     for token in token_ids:
-        node = child_of.get((node, token))
+        node = child_of.get((path[-1], token))
         if node is None:
-            return None
-    return node
+            break
+        path.append(node)
+    return path
+
+
+def find_node(tree: Tree, token_ids: list[int]) -> int | None:
+    """The node whose path below the root is `token_ids`, or None. One host sync."""
+    path = spelled_path(tree, token_ids)
+    return path[-1] if len(path) == len(token_ids) + 1 else None
 
 
 def keep_nodes(tree: Tree, nodes: torch.Tensor) -> Tree:
