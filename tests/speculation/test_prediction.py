@@ -8,13 +8,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
+from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.runtime import Engine
+from engine.speculation import step
 from engine.speculation.prediction import Prediction, graft_chain
 from engine.speculation.tree import Tree
 from engine.types import Request, SamplingParams
 from tests.helpers.reference import plain_loop
+from tests.helpers.think_model import make_think_pair
 from tests.helpers.tiny_models import make_tiny_pair
+from tests.speculation.test_reasoning_exactness import JSON_SPEC
 
 TOKENS = 24
 
@@ -76,11 +79,13 @@ def test_the_prediction_follows_the_answer_and_finds_it_again() -> None:
     assert prediction.find([9, 12, 13]) == 9  # the longest tail that occurs: "12 13"
 
 
-def run(tmp_path, prompts, params, predictions, overlap=False, budget=16):
+def run(tmp_path, prompts, params, predictions, overlap=False, budget=16, source=None):
+    """source: None (resident), "ram" or "disk" (the target streamed, one layer resident)."""
     target, draft = make_tiny_pair(tmp_path, arch="llama", draft="noisy", seed=4)
+    offload = OffloadConfig() if source is None else OffloadConfig(enabled=True, resident_layers=1, source=source)
     engine = Engine.load(EngineConfig(
         model=ModelConfig(target=str(target), draft=str(draft)),
-        speculation=SpeculationConfig(budget=budget, max_depth=6, overlap=overlap),
+        speculation=SpeculationConfig(budget=budget, max_depth=6, overlap=overlap), offload=offload,
         limits=LimitsConfig(max_context=160, max_running=2)))
     for i, (prompt, prediction) in enumerate(zip(prompts, predictions, strict=True)):
         engine.add_request(Request(f"r{i}", prompt, params, prediction_ids=prediction))
@@ -94,15 +99,17 @@ def run(tmp_path, prompts, params, predictions, overlap=False, budget=16):
     return emitted, steps, reference
 
 
-@pytest.mark.parametrize("overlap,temperature,seed", [(False, 0, None), (True, 0, None), (False, 0.9, 3)])
+@pytest.mark.parametrize("overlap,temperature,seed,source", [
+    (False, 0, None, None), (True, 0, None, None), (False, 0.9, 3, None), (True, 0, None, "ram"),
+    (False, 0.9, 3, "disk")])
 def test_the_answer_as_its_own_prediction_takes_fewer_steps_and_the_same_tokens(tmp_path, overlap, temperature,
-                                                                                 seed) -> None:
+                                                                                 seed, source) -> None:
     prompt = [5, 6, 7, 8, 9]
     params = SamplingParams(temperature=temperature, seed=seed, max_tokens=TOKENS, ignore_eos=True)
-    plain, plain_steps, reference = run(tmp_path / "a", [prompt], params, [None], overlap)
+    plain, plain_steps, reference = run(tmp_path / "a", [prompt], params, [None], overlap, source=source)
     answer = plain_loop(reference, prompt, params, TOKENS)
     assert plain["r0"] == answer
-    predicted, steps, _ = run(tmp_path / "b", [prompt], params, [answer], overlap)
+    predicted, steps, _ = run(tmp_path / "b", [prompt], params, [answer], overlap, source=source)
     assert predicted["r0"] == answer
     assert steps <= plain_steps // 2, (steps, plain_steps)  # chains of up to 6 (max_depth) a pass
 
@@ -128,3 +135,32 @@ def test_a_half_right_prediction_is_found_again(tmp_path) -> None:
     emitted, steps, _ = run(tmp_path / "b", [prompt], params, [edited])
     assert emitted["r0"] == answer
     assert steps < plain_steps, (steps, plain_steps)
+
+
+def test_under_a_grammar_a_prediction_changes_nothing(tmp_path, monkeypatch) -> None:
+    """JSON under a schema on the thinking bigram pair (tests/helpers/think_model.py): speculative greedy with
+    the answer as its prediction, or a wrong one, equals autoregressive greedy under the same grammar."""
+    target, draft = make_think_pair(tmp_path)
+    base = Engine.load(EngineConfig(model=ModelConfig(target=str(target), draft=str(draft)),
+                                    speculation=SpeculationConfig(budget=16), limits=LimitsConfig(max_context=256)))
+    prompt = base.tokenizer.encode("Pick a color.", add_special_tokens=False)
+    params = SamplingParams(temperature=0.0, max_tokens=48, structured_output=JSON_SPEC)
+
+    def generate(engine: Engine, prediction: list[int] | None) -> tuple[list[int], int]:
+        deltas = list(engine.generate(Request("r", prompt, params, prediction_ids=prediction)))
+        return [t for d in deltas for t in d.token_ids], len(deltas)
+
+    answer, _ = generate(base.with_speculation(SpeculationConfig(method="autoregressive")), None)
+    assert base.tokenizer.decode(answer).startswith("{")
+    grafted: list[int] = []  # chain nodes the verified trees held (the draft already writes this JSON well)
+
+    def graft(tree, chain, max_nodes):
+        tree = graft_chain(tree, chain, max_nodes)
+        grafted.append(tree.predicted)
+        return tree
+
+    monkeypatch.setattr(step, "graft_chain", graft)
+    for prediction in (answer, answer[:3] + [7, 8, 9] + answer[3:], list(range(10, 40))):
+        grafted.clear()
+        assert generate(base, prediction)[0] == answer
+        assert grafted and (prediction is answer or sum(grafted) > 0)
