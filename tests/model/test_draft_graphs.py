@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
+from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.model import draft_graphs
 from engine.model.draft_graphs import KV_MIN, ROW_BUCKETS, DraftGraphs, graphable, kv_span, row_bucket
 from engine.model.runner import DecoderRunner, Segment
@@ -17,7 +17,9 @@ from engine.runtime import Engine
 from engine.types import Request, SamplingParams
 from tests.helpers.family_configs import FAMILIES
 from tests.helpers.reference import plain_loop
+from tests.helpers.think_model import make_think_pair
 from tests.helpers.tiny_models import build_model, make_tiny_pair
+from tests.speculation.test_reasoning_exactness import JSON_SPEC
 
 PREFIX = 40
 
@@ -229,3 +231,23 @@ def test_a_graphed_draft_on_cuda_emits_the_targets_tokens(tmp_path) -> None:
     target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
     for i, prompt in enumerate(prompts):
         assert emitted[f"r{i}"] == plain_loop(target, prompt, params, 16)
+
+
+@pytest.mark.parametrize("source", [None, "ram", "disk"])
+def test_a_draft_on_the_static_pass_under_a_grammar_equals_autoregressive(tmp_path, source) -> None:
+    """JSON under a schema on the thinking bigram pair, the target resident or streamed from RAM or disk:
+    speculative greedy with the draft on the static pass equals autoregressive greedy under the grammar."""
+    target, draft = make_think_pair(tmp_path)
+    offload = OffloadConfig() if source is None else OffloadConfig(enabled=True, resident_layers=1, source=source)
+    base = Engine.load(EngineConfig(model=ModelConfig(target=str(target), draft=str(draft)), offload=offload,
+                                    speculation=SpeculationConfig(budget=16, draft_graphs=True),
+                                    limits=LimitsConfig(max_context=256)))
+    prompt = base.tokenizer.encode("Pick a color.", add_special_tokens=False)
+    params = SamplingParams(temperature=0.0, max_tokens=48, structured_output=JSON_SPEC)
+
+    def generate(engine: Engine) -> list[int]:
+        return [t for d in engine.generate(Request("r", prompt, params)) for t in d.token_ids]
+
+    speculative = generate(base)
+    assert base.pair.draft.graphs is not None and base.pair.draft.graphs.passes  # the static pass ran
+    assert speculative == generate(base.with_speculation(SpeculationConfig(method="autoregressive")))
