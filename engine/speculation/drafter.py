@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,8 +25,12 @@ from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner, Segment
 from engine.speculation.tree import Tree, causal_mask
 
-# mask(tree, nodes [k]) -> [k, vocab] bool: the tokens a grammar allows after each node (structured output)
-MaskFn = Callable[[Tree, torch.Tensor], torch.Tensor]
+if TYPE_CHECKING:
+    from engine.speculation.search_tree import SearchTree
+
+# mask(tree, nodes [k]) -> [k, vocab] bool: the tokens a grammar allows after each node (structured output);
+# it reads the tree's token_ids and parents (a Tree, or a SearchTree while best-first search grows it)
+MaskFn = Callable[["Tree | SearchTree", torch.Tensor], torch.Tensor]
 # a tree's growth: yields each draft forward (one Segment), is sent its [rows, vocab] logits, returns the tree
 Growth = Generator[Segment, torch.Tensor, Tree]
 
@@ -66,15 +71,13 @@ class Drafter:
         self.next_slot = self.cache.length + 1
         return self.mask_vocab(logits)
 
-    def expand(self, tree: Tree, selected: torch.Tensor) -> Generator[Segment, torch.Tensor, torch.Tensor]:
-        """One forward of `selected` nodes ([k]) under the tree mask. Returns [k, vocab]."""
+    def expand(self, tree: Tree | SearchTree, selected: torch.Tensor) -> Generator[Segment, torch.Tensor, torch.Tensor]:
+        """One forward of `selected` nodes ([k]) under the tree mask (each sees the committed prefix and
+        the expanded nodes of its own path). Returns [k, vocab]."""
         num = selected.shape[0]
         start = self.next_slot
         tree.draft_slots[selected] = torch.arange(start, start + num, device=selected.device)
-        allowed = torch.zeros(num, start + num, dtype=torch.bool, device=selected.device)
-        allowed[:, : self.cache.length] = True
-        has_slot = tree.draft_slots >= 0
-        allowed[:, tree.draft_slots[has_slot]] = tree.ancestors[selected][:, has_slot]
+        allowed = tree.draft_mask(selected, self.cache.length, start + num)
         positions = self.cache.length + tree.depths[selected]
         logits = yield Segment(tree.token_ids[selected], positions, self.cache, start, allowed)
         self.next_slot = start + num

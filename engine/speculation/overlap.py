@@ -14,7 +14,6 @@ and verification decides, so the output is what it is without overlap (tests com
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -24,6 +23,7 @@ import torch
 from engine.config import SpeculationConfig
 from engine.offload.device import PassStreams
 from engine.speculation.drafter import Drafter, GrowLimits, Growth, MaskFn
+from engine.speculation.search_tree import SearchTree
 from engine.speculation.specexec_growth import best_first_search, reoffer, scored_expand
 from engine.speculation.tree import Tree, subtree
 from engine.types import SamplingParams
@@ -84,10 +84,9 @@ def extension(
     """The step's SpecExec tree grown on, best-first, within `limits` (SpeculationConfig.extension_budget
     nodes) and the draft cache's room, until `stop()` (the pass is done). Works on a copy: the scored
     tree is left as it is."""
-    grown = reoffer(dataclasses.replace(tree, draft_slots=tree.draft_slots.clone(), allowed=None), spec, limits)
+    grown = reoffer(SearchTree.of(tree, limits.max_depth), spec, limits)  # its own draft slots
     expand = scored_expand(drafter, params, spec)
-    return best_first_search(grown, grown.draft_slots >= 0, expand, spec, limits, drafter.room, mask,
-                             spec.max_depth, stop)
+    return best_first_search(grown, expand, spec, limits, drafter.room, mask, spec.max_depth, stop)
 
 
 def path_nodes(tree: Tree, token_ids: list[int]) -> tuple[list[int], list[int]]:

@@ -1,11 +1,11 @@
 """SpecExec trees: best-first expansion of the best unexpanded leaves per draft forward, each
 proposing its top-w children; the tree keeps the `budget` best nodes by cumulative draft log-prob
 (docs/design.md, "Tree growth"). The search is resumable (best_first_search from any tree), which
-the overlap extension and its seeds use (engine.speculation.overlap)."""
+the overlap extension and its seeds use (engine.speculation.overlap). While it runs, the tree is a
+SearchTree (paths instead of the ancestor matrix: engine.speculation.search_tree)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Generator
 
 import torch
@@ -14,11 +14,12 @@ from engine.config import SpeculationConfig
 from engine.model.runner import Segment
 from engine.speculation.drafter import Drafter, GrowLimits, Growth, MaskFn, renormalise, root_tree
 from engine.speculation.sampling import apply_logit_bias
-from engine.speculation.tree import Tree, append_nodes, trim
+from engine.speculation.search_tree import SearchTree, add_best_children
+from engine.speculation.tree import Tree, trim
 from engine.types import SamplingParams
 
 # expand(tree, selected [k]) -> (yielding its forward) [k, vocab] draft log-probs
-ExpandFn = Callable[[Tree, torch.Tensor], Generator[Segment, torch.Tensor, torch.Tensor]]
+ExpandFn = Callable[[SearchTree, torch.Tensor], Generator[Segment, torch.Tensor, torch.Tensor]]
 
 
 def draft_log_probs(
@@ -51,10 +52,10 @@ def grow_tree(
     the forwards a fresh tree would get less those the extension spent on it, at least `seeded_forwards`."""
     expand = scored_expand(drafter, params, spec)
     if seed is not None and not pending_ids:
-        tree = reoffer(drafter.adopt(trim(seed, limits.budget + 1, limits.max_depth)), spec, limits)
+        tree = SearchTree.of(drafter.adopt(trim(seed, limits.budget + 1, limits.max_depth)), limits.max_depth)
         # the forwards a fresh tree gets, less those its extension already spent (a long pass: few)
         forwards = max(seeded_forwards, limits.max_depth - 1 - seed.extension_forwards)
-        return (yield from best_first_search(tree, tree.draft_slots >= 0, expand, spec, limits, drafter.room, mask,
+        return (yield from best_first_search(reoffer(tree, spec, limits), expand, spec, limits, drafter.room, mask,
                                              forwards))
     root_logits = yield from drafter.catch_up(pending_ids, root_id)
     tree = root_tree(root_id, drafter.cache.length, root_logits.device)
@@ -66,7 +67,7 @@ def grow_tree(
 def scored_expand(drafter: Drafter, params: SamplingParams, spec: SpeculationConfig) -> ExpandFn:
     """expand(tree, selected) for best-first search: the drafter's forward, as draft_log_probs."""
 
-    def expand(tree: Tree, selected: torch.Tensor) -> Generator[Segment, torch.Tensor, torch.Tensor]:
+    def expand(tree: SearchTree, selected: torch.Tensor) -> Generator[Segment, torch.Tensor, torch.Tensor]:
         logits = yield from drafter.expand(tree, selected)
         return draft_log_probs(logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale)
 
@@ -83,15 +84,15 @@ def search_from_root(
 ) -> Growth:
     """The search over a root-only tree whose root's draft log-probs ([1, vocab]) are known: its
     children, then up to max_depth - 1 more draft forwards."""
+    root = tree.parents.new_zeros(1)
     if mask is not None:
-        root_log_probs = renormalise(root_log_probs, mask(tree, tree.parents.new_zeros(1)))
-    tree, expanded = add_best_children(tree, tree.draft_slots >= 0, tree.parents.new_zeros(1),
-                                       *propose(root_log_probs, spec.max_children), spec.decay, limits.budget)
-    return (yield from best_first_search(tree, expanded, expand, spec, limits, room, mask, limits.max_depth - 1))
+        root_log_probs = renormalise(root_log_probs, mask(tree, root))
+    search = add_best_children(SearchTree.of(tree, limits.max_depth), root,
+                               *propose(root_log_probs, spec.max_children), spec.decay, limits.budget)
+    return (yield from best_first_search(search, expand, spec, limits, room, mask, limits.max_depth - 1))
 
 def best_first_search(
-    tree: Tree,
-    expanded: torch.Tensor,
+    tree: SearchTree,
     expand: ExpandFn,
     spec: SpeculationConfig,
     limits: GrowLimits,
@@ -100,33 +101,29 @@ def best_first_search(
     max_forwards: int,
     stop: Callable[[], bool] | None = None,
 ) -> Growth:
-    """Best-first growth of `tree` (expanded: [n] bool) for at most `max_forwards` draft forwards, or
-    until `stop()` says so between forwards. expand(tree, selected [k]) yields its forward and returns
+    """Best-first growth of `tree` for at most `max_forwards` draft forwards, or until `stop()` says so
+    between forwards; returns it as a Tree. expand(tree, selected [k]) yields its forward and returns
     [k, vocab] draft log-probs; mask: every expanded node's log-probs are conditioned on what it allows."""
     num_forwards = 0
     for num_forwards in range(max_forwards):  # noqa: B007  # the count is read after the loop
         if stop is not None and stop():
             break
-        selected = select_leaves(tree, expanded, spec.max_expand, limits, room())
+        selected = select_leaves(tree, spec.max_expand, limits, room())
         if selected.numel() == 0:
             break
-        expanded[selected] = True
+        tree.expanded[selected] = True
         log_probs = yield from expand(tree, selected)
         if mask is not None:
             log_probs = renormalise(log_probs, mask(tree, selected))
-        tree, expanded = add_best_children(tree, expanded, selected, *propose(log_probs, spec.max_children),
-                                           spec.decay, limits.budget)
+        tree = add_best_children(tree, selected, *propose(log_probs, spec.max_children), spec.decay, limits.budget)
     else:
         num_forwards = max_forwards
-    tree.extension_forwards = num_forwards if stop is not None else 0
-    return tree
+    return tree.tree(num_forwards if stop is not None else 0)
 
-def select_leaves(
-    tree: Tree, expanded: torch.Tensor, max_expand: int, limits: GrowLimits, room: int
-) -> torch.Tensor:
+def select_leaves(tree: SearchTree, max_expand: int, limits: GrowLimits, room: int) -> torch.Tensor:
     """The best unexpanded nodes whose children could still enter the top `budget` (tree is
     sorted by score, so index order is score order)."""
-    candidates = ~expanded & ~limits.stop_mask[tree.token_ids] & (tree.depths < limits.max_depth)
+    candidates = ~tree.expanded & ~limits.stop_mask[tree.token_ids] & (tree.depths < limits.max_depth)
     if tree.num_nodes == limits.budget + 1:
         candidates &= tree.scores > tree.scores[-1]  # a child scores <= its parent; ties go to old nodes
     return candidates.nonzero().squeeze(1)[: min(max_expand, room)]
@@ -135,66 +132,11 @@ def propose(log_probs: torch.Tensor, max_children: int) -> tuple[torch.Tensor, t
     """[k, vocab] log-probs -> the top-w children of each row: ([k, w] log-probs, [k, w] token ids)."""
     return log_probs.topk(min(max_children, log_probs.shape[1]), dim=-1)
 
-def reoffer(tree: Tree, spec: SpeculationConfig, limits: GrowLimits) -> Tree:
+def reoffer(tree: SearchTree, spec: SpeculationConfig, limits: GrowLimits) -> SearchTree:
     """Offer again the children every expanded node proposed (tree.child_lp / child_ids) that are not in
     the tree, e.g. dropped when it belonged to a larger tree; keeps the best budget + 1. No forward."""
-    if tree.child_lp is None:
+    if tree.child_lp is None or tree.child_ids is None:
         return tree
-    selected = ((tree.draft_slots >= 0) & (tree.depths < limits.max_depth)).nonzero().squeeze(1)
-    expanded = tree.draft_slots >= 0
-    return add_best_children(tree, expanded, selected, tree.child_lp[selected], tree.child_ids[selected],
-                             spec.decay, limits.budget, skip_present=True)[0]
-
-def child_keys(parents: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """One int64 per (parent node, token) pair."""
-    return parents * (1 << 32) + token_ids
-
-def add_best_children(
-    tree: Tree,
-    expanded: torch.Tensor,
-    selected: torch.Tensor,
-    child_lp: torch.Tensor,
-    child_ids: torch.Tensor,
-    decay: float,
-    budget: int,
-    skip_present: bool = False,
-) -> tuple[Tree, torch.Tensor]:
-    """Add the proposed children (child_lp, child_ids: [k, w]) of the `selected` nodes ([k]); keep the
-    best budget + 1 nodes (root included). The proposals are kept in tree.child_lp / child_ids.
-    skip_present: proposals already in the tree are not added again (siblings stay distinct)."""
-    num_nodes, width = tree.num_nodes, child_lp.shape[1]
-    stored_lp = tree.child_lp if tree.child_lp is not None else child_lp.new_full((num_nodes, width), float("-inf"))
-    stored_ids = tree.child_ids if tree.child_ids is not None else child_ids.new_zeros((num_nodes, width))
-    stored_lp, stored_ids = stored_lp.clone(), stored_ids.clone()
-    stored_lp[selected], stored_ids[selected] = child_lp, child_ids
-    if skip_present:
-        present = torch.isin(child_keys(selected[:, None], child_ids), child_keys(tree.parents[1:], tree.token_ids[1:]))
-        child_lp = child_lp.masked_fill(present, float("-inf"))
-    child_scores = tree.scores[selected, None] + child_lp + math.log(decay)  # [k, w]
-    flat_scores, flat_idx = child_scores.flatten().topk(min(child_scores.numel(), budget))
-    finite = flat_scores > float("-inf")
-    flat_scores, flat_idx = flat_scores[finite], flat_idx[finite]
-    child_parents = selected[flat_idx // width]
-    child_ids = child_ids.flatten()[flat_idx]
-
-    scores = torch.cat([tree.scores, flat_scores])
-    # Stable sort: a parent (lower index, score >= child's) always precedes its children, so
-    # every prefix of `order` is closed under ancestors.
-    order = torch.sort(scores, descending=True, stable=True).indices[: budget + 1]
-    ancestors = append_nodes(tree.ancestors, child_parents)[order][:, order]
-    new_index = torch.full_like(scores, -1, dtype=torch.long)
-    new_index[order] = torch.arange(order.shape[0], device=order.device)
-    all_parents = torch.cat([tree.parents, child_parents])[order]
-    parents = torch.where(all_parents >= 0, new_index[all_parents.clamp(min=0)], all_parents)
-    num_new = child_ids.shape[0]
-    new_tree = Tree(
-        token_ids=torch.cat([tree.token_ids, child_ids])[order],
-        parents=parents,
-        depths=torch.cat([tree.depths, tree.depths[child_parents] + 1])[order],
-        scores=scores[order],
-        ancestors=ancestors,
-        draft_slots=torch.cat([tree.draft_slots, tree.draft_slots.new_full((num_new,), -1)])[order],
-        child_lp=torch.cat([stored_lp, stored_lp.new_full((num_new, width), float("-inf"))])[order],
-        child_ids=torch.cat([stored_ids, stored_ids.new_zeros((num_new, width))])[order],
-    )
-    return new_tree, torch.cat([expanded, expanded.new_zeros(num_new)])[order]
+    selected = (tree.expanded & (tree.depths < limits.max_depth)).nonzero().squeeze(1)
+    return add_best_children(tree, selected, tree.child_lp[selected], tree.child_ids[selected],
+                             spec.decay, limits.budget, skip_present=True)

@@ -52,6 +52,15 @@ class Tree:
             draft_slots=torch.full((1,), -1, dtype=torch.long, device=device),
         )
 
+    def draft_mask(self, selected: torch.Tensor, committed: int, width: int) -> torch.Tensor:
+        """[k, width] bool: what each of `selected` ([k], its draft slot assigned) sees in the draft cache:
+        the committed slots [0, committed) and the slots of the expanded nodes on its path (itself included)."""
+        allowed = torch.zeros(selected.shape[0], width, dtype=torch.bool, device=selected.device)
+        allowed[:, :committed] = True
+        has_slot = self.draft_slots >= 0
+        allowed[:, self.draft_slots[has_slot]] = self.ancestors[selected][:, has_slot]
+        return allowed
+
 
 def child_ancestors(ancestors: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     """Ancestor rows for new children of `parents` ([m]): their parent's row plus themselves.

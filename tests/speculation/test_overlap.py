@@ -17,6 +17,7 @@ from bench.overlap import slow_passes
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.runtime import Engine
 from engine.speculation.drafter import Drafter, GrowLimits
+from engine.speculation.search_tree import SearchTree
 from engine.speculation.specexec_growth import reoffer
 from engine.speculation.tree import Tree, find_node, subtree, trim
 from engine.types import Request, SamplingParams
@@ -190,7 +191,7 @@ def test_find_node_subtree_and_trim() -> None:
 def test_reoffer_adds_dropped_proposals_once() -> None:
     spec = SpeculationConfig()
     limits = GrowLimits(budget=20, max_depth=5, stop_mask=torch.zeros(10, dtype=torch.bool))
-    tree = reoffer(hand_tree(), spec, limits)
+    tree = reoffer(SearchTree.of(hand_tree(), limits.max_depth), spec, limits).tree()
     paths = {tuple(tree.token_ids[tree.ancestors[n].nonzero().squeeze(1)].tolist()) for n in range(tree.num_nodes)}
     assert paths >= {(9, 7), (9, 1, 8), (9, 1, 6), (9, 1, 3, 2), (9, 1, 3, 1)}  # dropped proposals are back
     assert tree.num_nodes == 6 + 5  # and nothing twice: siblings stay distinct

@@ -1,0 +1,128 @@
+"""A SpecExec tree while best-first search grows it (engine.speculation.specexec_growth).
+
+It holds Tree's fields with one difference: each node's path is a row of node indices (`paths`, [n, D])
+instead of a row of the [n, n] ancestor matrix. Every forward re-sorts the tree by score (index order is
+score order, parents first), and re-indexing paths costs O(n * D) where the ancestor matrix cost O(n^2):
+at budget 1024 that was most of a draft forward's bookkeeping. A search starts from a Tree
+(`SearchTree.of`) and ends as one (`tree()`, its ancestor matrix built once).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from engine.speculation.tree import Tree
+
+
+@dataclass
+class SearchTree:
+    token_ids: torch.Tensor  # [n] long
+    parents: torch.Tensor  # [n] long, -1 at the root
+    depths: torch.Tensor  # [n] long, 0 at the root
+    scores: torch.Tensor  # [n] float, cumulative draft log-prob (+ log decay per level); non-increasing in index
+    paths: torch.Tensor  # [n, D] long: paths[i, d] is the node at depth d on i's path (i at depths[i]), -1 deeper
+    draft_slots: torch.Tensor  # [n] long, the node's draft KV slot, -1 if never expanded
+    expanded: torch.Tensor  # [n] bool, the draft ran the node (or it is selected for the next forward)
+    child_lp: torch.Tensor | None = None  # [n, w] the top-w children each expanded node proposed (-inf elsewhere)
+    child_ids: torch.Tensor | None = None  # [n, w] their token ids
+
+    @property
+    def num_nodes(self) -> int:
+        return self.token_ids.shape[0]
+
+    @classmethod
+    def of(cls, tree: Tree, max_depth: int) -> SearchTree:
+        """The tree as a search state whose nodes may reach depth `max_depth` (D = max_depth + 1, or more if
+        the tree is deeper already: one host sync then). Nodes with a draft slot count as expanded; the
+        draft slots are a copy (the search assigns slots in place)."""
+        num_nodes = tree.num_nodes
+        if num_nodes > 1:
+            max_depth = max(max_depth, int(tree.depths.max()))
+        columns = max_depth + 1
+        # every ancestor j of i lands at column depths[j]; the other pairs in a spare last column
+        cols = torch.where(tree.ancestors, tree.depths[None, :], columns)  # [n, n]
+        nodes = torch.arange(num_nodes, device=cols.device).expand(num_nodes, num_nodes)
+        paths = torch.full((num_nodes, columns + 1), -1, dtype=torch.long, device=cols.device)
+        paths = paths.scatter_(1, cols, nodes)[:, :columns].contiguous()
+        return cls(tree.token_ids, tree.parents, tree.depths, tree.scores, paths, tree.draft_slots.clone(),
+                   tree.draft_slots >= 0, tree.child_lp, tree.child_ids)
+
+    def tree(self, extension_forwards: int = 0) -> Tree:
+        """The grown tree, its [n, n] ancestor matrix built from the paths (-1 entries point at the root,
+        every node's ancestor anyway)."""
+        num_nodes = self.num_nodes
+        ancestors = torch.zeros(num_nodes, num_nodes, dtype=torch.bool, device=self.paths.device)
+        ancestors.scatter_(1, self.paths.clamp(min=0), True)
+        return Tree(token_ids=self.token_ids, parents=self.parents, depths=self.depths, scores=self.scores,
+                    ancestors=ancestors, draft_slots=self.draft_slots, child_lp=self.child_lp,
+                    child_ids=self.child_ids, extension_forwards=extension_forwards)
+
+    def draft_mask(self, selected: torch.Tensor, committed: int, width: int) -> torch.Tensor:
+        """[k, width] bool: what each of `selected` ([k], its draft slot assigned) sees in the draft cache:
+        the committed slots [0, committed) and the slots of the expanded nodes on its path (itself included).
+        Path entries without a slot point at the root's slot, which every node sees."""
+        allowed = torch.zeros(selected.shape[0], width, dtype=torch.bool, device=selected.device)
+        allowed[:, :committed] = True
+        path = self.paths[selected]  # [k, D]
+        slots = self.draft_slots[path.clamp(min=0)]  # [k, D]; column 0 is the root's
+        return allowed.scatter_(1, torch.where((path >= 0) & (slots >= 0), slots, slots[:, :1]), True)
+
+
+def child_keys(parents: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """One int64 per (parent node, token) pair."""
+    return parents * (1 << 32) + token_ids
+
+
+def add_best_children(
+    tree: SearchTree,
+    selected: torch.Tensor,
+    child_lp: torch.Tensor,
+    child_ids: torch.Tensor,
+    decay: float,
+    budget: int,
+    skip_present: bool = False,
+) -> SearchTree:
+    """Add the proposed children (child_lp, child_ids: [k, w]) of the `selected` nodes ([k]); keep the
+    best budget + 1 nodes (root included). The proposals are kept in tree.child_lp / child_ids.
+    skip_present: proposals already in the tree are not added again (siblings stay distinct)."""
+    num_nodes, width = tree.num_nodes, child_lp.shape[1]
+    stored_lp = tree.child_lp if tree.child_lp is not None else child_lp.new_full((num_nodes, width), float("-inf"))
+    stored_ids = tree.child_ids if tree.child_ids is not None else child_ids.new_zeros((num_nodes, width))
+    stored_lp, stored_ids = stored_lp.clone(), stored_ids.clone()
+    stored_lp[selected], stored_ids[selected] = child_lp, child_ids
+    if skip_present:
+        present = torch.isin(child_keys(selected[:, None], child_ids), child_keys(tree.parents[1:], tree.token_ids[1:]))
+        child_lp = child_lp.masked_fill(present, float("-inf"))
+    child_scores = tree.scores[selected, None] + child_lp + math.log(decay)  # [k, w]
+    flat_scores, flat_idx = child_scores.flatten().topk(min(child_scores.numel(), budget))
+    finite = flat_scores > float("-inf")
+    flat_scores, flat_idx = flat_scores[finite], flat_idx[finite]
+    child_parents = selected[flat_idx // width]
+    child_ids = child_ids.flatten()[flat_idx]
+    num_new = child_ids.shape[0]
+    child_depths = tree.depths[child_parents] + 1
+    new_nodes = torch.arange(num_nodes, num_nodes + num_new, device=child_ids.device)
+    child_paths = tree.paths[child_parents].scatter_(1, child_depths[:, None], new_nodes[:, None])  # [m, D]
+
+    scores = torch.cat([tree.scores, flat_scores])
+    # Stable sort: a parent (lower index, score >= child's) always precedes its children, so
+    # every prefix of `order` is closed under ancestors.
+    order = torch.sort(scores, descending=True, stable=True).indices[: budget + 1]
+    new_index = torch.full_like(scores, -1, dtype=torch.long)
+    new_index[order] = torch.arange(order.shape[0], device=order.device)
+    all_parents = torch.cat([tree.parents, child_parents])[order]
+    all_paths = torch.cat([tree.paths, child_paths])[order]
+    return SearchTree(
+        token_ids=torch.cat([tree.token_ids, child_ids])[order],
+        parents=torch.where(all_parents >= 0, new_index[all_parents.clamp(min=0)], all_parents),
+        depths=torch.cat([tree.depths, child_depths])[order],
+        scores=scores[order],
+        paths=torch.where(all_paths >= 0, new_index[all_paths.clamp(min=0)], all_paths),
+        draft_slots=torch.cat([tree.draft_slots, tree.draft_slots.new_full((num_new,), -1)])[order],
+        expanded=torch.cat([tree.expanded, tree.expanded.new_zeros(num_new)])[order],
+        child_lp=torch.cat([stored_lp, stored_lp.new_full((num_new, width), float("-inf"))])[order],
+        child_ids=torch.cat([stored_ids, stored_ids.new_zeros((num_new, width))])[order],
+    )
