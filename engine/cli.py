@@ -52,6 +52,8 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                   "(and seeds the next tree); off: draft, then target; auto (default): on for CUDA, off on a CPU"),
     "--draft-graphs": ("speculation", "draft_graphs", "on_off", "on: the draft's tree forwards replayed as CUDA graphs "
                        "(one launch for a forward's ~1,000 kernels); auto (default): on for CUDA, off on a CPU"),
+    "--host-trees": ("speculation", "host_trees", "on_off", "on: SpecExec trees grow on the host while the draft "
+                     "runs on a GPU (fewer device launches a draft forward); off (default)"),
     "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),
     "--resident-layers": ("offload", "resident_layers", int,
                           "target layers kept on the device (default: as many as --gpu-memory allows)"),
@@ -69,7 +71,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
 }
 CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "rrs", "autoregressive"),
            "--offload-source": ("ram", "disk"), "--overlap": ("auto", "on", "off"),
-           "--draft-graphs": ("auto", "on", "off"),
+           "--draft-graphs": ("auto", "on", "off"), "--host-trees": ("on", "off"),
            "--gptq-kernel": ("auto", "int4", "dequantize")}
 
 

@@ -96,6 +96,11 @@ class SpeculationConfig:
     # draft's forward is bound by launching its kernels (docs/bench/gpu.md). on with a CPU draft: the same
     # static forward, run without capture. auto: on for CUDA, off on a CPU
     draft_graphs: bool | Literal["auto"] = "auto"
+    # SpecExec trees grow on the host while the draft runs on a GPU (engine.speculation.drafter.Drafter): a
+    # growth's ~90 small tensor ops a draft forward run on the host instead of each launched on the device (the
+    # larger part of a four-stream draft phase with graphs: docs/bench/gpu.md). Off unless asked for until a GPU
+    # run measures it; no effect with a CPU draft
+    host_trees: bool = False
 
     def resolved(self, device_type: str) -> SpeculationConfig:
         """This config with overlap and draft_graphs 'auto' decided for a device of `device_type`."""
@@ -144,6 +149,7 @@ class SpeculationConfig:
                 f"must be on, off or auto, got {self.overlap!r}")
         require(self.draft_graphs in (True, False, "auto"), "speculation.draft_graphs",
                 f"must be on, off or auto, got {self.draft_graphs!r}")
+        require(self.host_trees in (True, False), "speculation.host_trees", f"must be on or off, got {self.host_trees!r}")
         require(
             isinstance(self.greedy_tree_temperature, int | float) and 0.0 < self.greedy_tree_temperature <= 2.0,
             "speculation.greedy_tree_temperature",

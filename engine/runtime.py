@@ -336,12 +336,14 @@ class Engine:
         draft_runner = self.pair.draft or self.pair.target
         draft_cache = acquired.slot.draft if acquired.slot.draft is not None else draft_runner.new_cache(1)
         vocab = self.pair.target.vocab_size
-        stop_mask = torch.zeros(max(vocab, draft_runner.vocab_size), dtype=torch.bool, device=self.device)
-        stop_mask[[i for i in self.stop_ids(params) if i < stop_mask.shape[0]]] = True
         method = spec.tree_method(params.greedy, params.temperature, params.seed is not None)
+        # where the trees grow (the growths read the stop mask there): the host for SpecExec trees with host_trees
+        tree_device = torch.device("cpu") if spec.host_trees and method == "specexec" else self.device
+        stop_mask = torch.zeros(max(vocab, draft_runner.vocab_size), dtype=torch.bool, device=tree_device)
+        stop_mask[[i for i in self.stop_ids(params) if i < stop_mask.shape[0]]] = True
         return StepContext(
             target_cache=acquired.slot.target,
-            drafter=Drafter(draft_runner, draft_cache, vocab),
+            drafter=Drafter(draft_runner, draft_cache, vocab, tree_device),
             spec=spec if method == spec.method else dataclasses.replace(spec, method=method),
             budget=self.budget,
             stop_mask=stop_mask,

@@ -6,7 +6,8 @@
 #   bash scripts/gpu-partb.sh 2 "$OUT"   # the sections the round changed: build, steps, serving (~2 min)
 #   bash scripts/gpu-partb.sh 3 "$OUT"   # the draft's tree forward alone: eager vs compiled layers (~1-2 min)
 #   bash scripts/gpu-partb.sh 4 "$OUT"   # the draft's forwards as CUDA graphs: cuda tests, the draft forward,
-#                                        # then the full shape with graphs off and on (~4-6 min)
+#                                        # the draft phase with trees on the device and on the host (growth),
+#                                        # then the full shape with graphs off and on (~5-6 min)
 # Stage 1 runs the full shape with the int4 dequantization compiled into one kernel per shape
 # (SPECEXEC_INT4_DEQUANT=compiled, the default where triton is installed); its kernel table compares it
 # with the eager one and tinygemm.
@@ -20,7 +21,7 @@ case "$stage" in
   1)
     git log --oneline -1 > "$out/commit.txt" 2>/dev/null
     timeout 100 python3 -m pytest -q -p no:cacheprovider -m cuda -rs tests/model tests/offload \
-        tests/speculation/test_overlap.py tests/speculation/test_step_timing.py > "$out/cuda-tests.log" 2>&1
+        tests/speculation/test_overlap.py tests/speculation/test_step_timing.py tests/speculation/test_host_trees.py > "$out/cuda-tests.log" 2>&1
     tail -3 "$out/cuda-tests.log"
     SPECEXEC_INT4_DEQUANT=compiled timeout 280 bash scripts/gpu-check.sh --out "$out/fullshape.md" \
         --work-dir /tmp/gpucheck --sections header,fullshape > "$out/fullshape.log" 2>&1
@@ -38,11 +39,11 @@ case "$stage" in
     ;;
   4)
     git log --oneline -1 > "$out/commit.txt" 2>/dev/null
-    timeout 60 python3 -m pytest -q -p no:cacheprovider -m cuda -rs tests/model tests/offload \
-        tests/speculation/test_overlap.py tests/speculation/test_step_timing.py > "$out/cuda-tests.log" 2>&1
+    timeout 90 python3 -m pytest -q -p no:cacheprovider -m cuda -rs tests/model tests/offload \
+        tests/speculation/test_overlap.py tests/speculation/test_step_timing.py tests/speculation/test_host_trees.py > "$out/cuda-tests.log" 2>&1
     tail -3 "$out/cuda-tests.log"
-    timeout 60 bash scripts/gpu-check.sh --out "$out/draftpass.md" --work-dir /tmp/gpucheck \
-        --sections header,draftpass > "$out/draftpass.log" 2>&1
+    timeout 150 bash scripts/gpu-check.sh --out "$out/draftpass.md" --work-dir /tmp/gpucheck \
+        --sections header,draftpass,growth > "$out/draftpass.log" 2>&1
     tail -n 3 "$out/draftpass.log"
     SPECEXEC_INT4_DEQUANT=compiled timeout 280 bash scripts/gpu-check.sh --out "$out/fullshape.md" \
         --work-dir /tmp/gpucheck --sections header,fullshape > "$out/fullshape.log" 2>&1

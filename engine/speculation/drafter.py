@@ -47,11 +47,17 @@ class Drafter:
     It drafts only ids below both (an id past its embedding could not be fed back to it). Ids the
     target emits past the draft's embedding (a target vocabulary padded further than the draft's)
     are fed to the draft as its runner's fallback_input_id: the draft only proposes, so exactness
-    does not depend on what it sees."""
+    does not depend on what it sees.
 
-    def __init__(self, runner: DecoderRunner, cache: KVCache, target_vocab_size: int):
+    SpecExec trees grow on `tree_device` (the cache's device, or the host with --host-trees: a tree's
+    bookkeeping is many small ops, cheaper on the host than launched on a GPU); a forward's inputs go to the
+    cache's device, and its caller brings the log-probs' top children back (specexec_growth.propose)."""
+
+    def __init__(self, runner: DecoderRunner, cache: KVCache, target_vocab_size: int,
+                 tree_device: torch.device | None = None):
         self.runner = runner
         self.cache = cache
+        self.tree_device = cache.device if tree_device is None else tree_device
         self.vocab_limit = min(target_vocab_size, runner.vocab_size, runner.num_embeddings)
         # [draft vocab] bool: ids past the target's vocabulary or the draft's embedding, never drafted
         self.outside_target = torch.arange(runner.vocab_size, device=cache.device) >= self.vocab_limit
@@ -79,7 +85,9 @@ class Drafter:
         tree.draft_slots[selected] = torch.arange(start, start + num, device=selected.device)
         allowed = tree.draft_mask(selected, self.cache.length, start + num)
         positions = self.cache.length + tree.depths[selected]
-        logits = yield Segment(tree.token_ids[selected], positions, self.cache, start, allowed)
+        device = self.cache.device  # the tree's own, or the host's (tree_device)
+        logits = yield Segment(tree.token_ids[selected].to(device), positions.to(device), self.cache, start,
+                               allowed.to(device))
         self.next_slot = start + num
         return self.mask_vocab(logits)
 
@@ -105,7 +113,7 @@ class Drafter:
         expanded = (tree.draft_slots >= 0).nonzero().squeeze(1)  # [k] ascending, the root first
         start = self.cache.length
         slots = torch.arange(start, start + expanded.shape[0], device=expanded.device)
-        self.cache.move(tree.draft_slots[expanded], start)
+        self.cache.move(tree.draft_slots[expanded].to(self.cache.device), start)
         draft_slots = tree.draft_slots.clone()
         draft_slots[expanded] = slots
         self.next_slot = start + expanded.shape[0]

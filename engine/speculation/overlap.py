@@ -84,7 +84,7 @@ def extension(
     """The step's SpecExec tree grown on, best-first, within `limits` (SpeculationConfig.extension_budget
     nodes) and the draft cache's room, until `stop()` (the pass is done). Works on a copy: the scored
     tree is left as it is."""
-    grown = reoffer(SearchTree.of(tree, limits.max_depth), spec, limits)  # its own draft slots
+    grown = reoffer(SearchTree.of(tree.to(drafter.tree_device), limits.max_depth), spec, limits)  # own draft slots
     expand = scored_expand(drafter, params, spec)
     return best_first_search(grown, expand, spec, limits, drafter.room, mask, spec.max_depth, stop)
 

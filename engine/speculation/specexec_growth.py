@@ -58,7 +58,7 @@ def grow_tree(
         return (yield from best_first_search(reoffer(tree, spec, limits), expand, spec, limits, drafter.room, mask,
                                              forwards))
     root_logits = yield from drafter.catch_up(pending_ids, root_id)
-    tree = root_tree(root_id, drafter.cache.length, root_logits.device)
+    tree = root_tree(root_id, drafter.cache.length, drafter.tree_device)
     root_log_probs = draft_log_probs(
         root_logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale
     )
@@ -88,7 +88,7 @@ def search_from_root(
     if mask is not None:
         root_log_probs = renormalise(root_log_probs, mask(tree, root))
     search = add_best_children(SearchTree.of(tree, limits.max_depth), root,
-                               *propose(root_log_probs, spec.max_children), spec.decay, limits.budget)
+                               *propose(root_log_probs, spec.max_children, root.device), spec.decay, limits.budget)
     return (yield from best_first_search(search, expand, spec, limits, room, mask, limits.max_depth - 1))
 
 def best_first_search(
@@ -115,7 +115,8 @@ def best_first_search(
         log_probs = yield from expand(tree, selected)
         if mask is not None:
             log_probs = renormalise(log_probs, mask(tree, selected))
-        tree = add_best_children(tree, selected, *propose(log_probs, spec.max_children), spec.decay, limits.budget)
+        tree = add_best_children(tree, selected, *propose(log_probs, spec.max_children, selected.device), spec.decay,
+                                 limits.budget)
     else:
         num_forwards = max_forwards
     return tree.tree(num_forwards if stop is not None else 0)
@@ -128,9 +129,11 @@ def select_leaves(tree: SearchTree, max_expand: int, limits: GrowLimits, room: i
         candidates &= tree.scores > tree.scores[-1]  # a child scores <= its parent; ties go to old nodes
     return candidates.nonzero().squeeze(1)[: min(max_expand, room)]
 
-def propose(log_probs: torch.Tensor, max_children: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[k, vocab] log-probs -> the top-w children of each row: ([k, w] log-probs, [k, w] token ids)."""
-    return log_probs.topk(min(max_children, log_probs.shape[1]), dim=-1)
+def propose(log_probs: torch.Tensor, max_children: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[k, vocab] log-probs -> the top-w children of each row: ([k, w] log-probs, [k, w] token ids) on
+    `device`, the tree's (the host's with --host-trees: the only copy back of a forward's outcome)."""
+    child_lp, child_ids = log_probs.topk(min(max_children, log_probs.shape[1]), dim=-1)
+    return child_lp.to(device), child_ids.to(device)
 
 def reoffer(tree: SearchTree, spec: SpeculationConfig, limits: GrowLimits) -> SearchTree:
     """Offer again the children every expanded node proposed (tree.child_lp / child_ids) that are not in

@@ -75,7 +75,7 @@ class StepContext:
     drafter: Drafter
     spec: SpeculationConfig
     budget: int
-    stop_mask: torch.Tensor  # [vocab] bool, tokens never expanded (EOS, stop ids)
+    stop_mask: torch.Tensor  # [vocab] bool, tokens never expanded (EOS, stop ids), on drafter.tree_device
     max_context: int
     track_acceptance: bool = False  # record the step's acceptance curve in the SequenceState (budget auto, shared budgets)
     seed: Tree | None = None  # the next tree, partly grown during the last pass (overlap), rooted at the root
@@ -112,6 +112,7 @@ def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
             chain = seq.prediction.chain(min(ctx.budget // PREDICTION_SHARE, max_depth))
             if chain:
                 tree = graft_chain(tree, chain, ctx.budget + 1)
+        tree = tree.to(ctx.target_cache.device)  # SpecExec trees may grow on the host (Drafter.tree_device)
     if grammar is not None:
         tree.allowed = grammar.bitmask(tree)
     return tree

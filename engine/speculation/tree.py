@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,15 @@ class Tree:
             ancestors=torch.ones(1, 1, dtype=torch.bool, device=device),
             draft_slots=torch.full((1,), -1, dtype=torch.long, device=device),
         )
+
+    def to(self, device: torch.device) -> Tree:
+        """The tree with every tensor on `device` (the same tensors where they are there already)."""
+        moved = {field.name: value.to(device) for field in dataclasses.fields(self)
+                 if isinstance(value := getattr(self, field.name), torch.Tensor)}
+        if self.proposals is not None:
+            moved["proposals"] = Proposals(*(getattr(self.proposals, field.name).to(device)
+                                             for field in dataclasses.fields(Proposals)))
+        return dataclasses.replace(self, **moved)
 
     def draft_mask(self, selected: torch.Tensor, committed: int, width: int) -> torch.Tensor:
         """[k, width] bool: what each of `selected` ([k], its draft slot assigned) sees in the draft cache:

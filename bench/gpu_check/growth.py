@@ -1,0 +1,107 @@
+"""The growth section: the draft phase of engine steps with SpecExec trees grown on the device or on the host
+(--host-trees), the draft's forwards as CUDA graphs (on a CPU: the same static pass, uncaptured).
+
+The pair is two copies of the full shape's 1B-shaped draft, resident (the target's pass is not what this
+measures: overlap is off, and the draft phase, `draft_seconds`, is the growth's forwards and its own tensor
+work between them). Per budget x streams x where the trees grow: draft ms a step (median), draft forwards a
+step, ms a forward, tokens a step; and whether every stream's greedy tokens are the same both ways (they
+must be: where a tree grows changes nothing it holds)."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import torch
+
+from bench.gpu_check.context import CheckContext
+from bench.gpu_check.draftpass import draft_heads
+from bench.gpu_check.fullshape import greedy, prompt
+from bench.gpu_check.fullshape_build import build_draft
+from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
+from engine.model.pair import LoadedPair
+from engine.runtime import Engine
+from engine.types import PassStats, Request
+
+MEASURED = 4  # steps after the full shape's warm-up ones (the prompts' prefill, the first trees)
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowthRow:
+    budget: int
+    streams: int
+    host_trees: bool
+    stats: list[PassStats]
+    tokens: dict[str, list[int]]  # every stream's emitted tokens
+
+    def median(self, field: str) -> float:
+        return statistics.median(getattr(s, field) for s in self.stats)
+
+
+def growth_row(ctx: CheckContext, base: Engine, budget: int, streams: int, host_trees: bool) -> GrowthRow:
+    engine = base.with_speculation(dataclasses.replace(base.config.speculation, budget=budget, host_trees=host_trees))
+    full = ctx.plan.full
+    requests = [Request(f"b{budget}-s{streams}-h{int(host_trees)}-{i}", prompt(ctx, full.prompt_len, i),
+                        greedy(full.max_context // 2)) for i in range(streams)]
+    for request in requests:
+        engine.add_request(request)
+    stats: list[PassStats] = []
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(streams)}
+    try:
+        for step in range(full.warmup_steps + MEASURED):
+            output = engine.step()
+            if output.failures:
+                raise RuntimeError(f"a request failed: {output.failures[0][1]}")
+            for delta in output.deltas:
+                tokens[delta.request_id.rsplit("-", 1)[1]] += delta.token_ids
+            if step >= full.warmup_steps and output.stats is not None:
+                stats.append(output.stats)
+    finally:
+        for request in requests:
+            engine.abort_request(request.request_id)
+    return GrowthRow(budget, streams, host_trees, stats, tokens)
+
+
+def growth_section(ctx: CheckContext) -> None:
+    full = ctx.plan.full
+    with torch.inference_mode():
+        heads = draft_heads(ctx, 11)
+        pair = LoadedPair(build_draft(full, heads, ctx.device, ctx.dtype, 12),
+                          build_draft(full, heads, ctx.device, ctx.dtype, 12),
+                          tokenizer=None, eos_token_ids=frozenset(), max_context=full.max_context)
+        del heads
+    config = EngineConfig(
+        model=ModelConfig(target="growth-target", draft="growth-draft", device=str(ctx.device),
+                          dtype=str(ctx.dtype).removeprefix("torch.")),
+        speculation=SpeculationConfig(method="specexec", budget=max(full.budgets), overlap=False, draft_graphs=True),
+        limits=LimitsConfig(max_context=full.max_context, max_running=max(full.streams), prefix_cache_slots=0),
+    )
+    engine = Engine(pair, config)
+    try:
+        engine.reserve_memory()
+        rows = [growth_row(ctx, engine, budget, streams, host) for budget in full.budgets for streams in full.streams
+                for host in (False, True)]
+    finally:
+        engine.close()
+    print_growth(ctx, rows)
+
+
+def print_growth(ctx: CheckContext, rows: list[GrowthRow]) -> None:
+    full, report = ctx.plan.full, ctx.report
+    report.line(f"Target and draft: the full shape's draft ({full.draft_layers} Llama layers, hidden "
+                f"{full.draft_hidden}, {ctx.dtype}), resident, overlap off, the draft's forwards as graphs; greedy; "
+                f"median of {MEASURED} steps after {full.warmup_steps}.")
+    report.table("budget", "streams", "trees on", "draft ms / step", "draft forwards / step", "ms / forward",
+                 "tokens / step", "host / device draft ms", "same tokens")
+    by_key = {(r.budget, r.streams, r.host_trees): r for r in rows}
+    for r in rows:
+        draft_ms = r.median("draft_seconds") * 1e3
+        forwards = r.median("draft_forwards")
+        device = by_key[(r.budget, r.streams, False)]
+        same = r.tokens == device.tokens
+        if not same:
+            report.mismatch(f"growth: budget {r.budget}, {r.streams} streams: the host trees' tokens differ")
+        ratio = draft_ms / (device.median("draft_seconds") * 1e3)
+        report.row(r.budget, r.streams, "host" if r.host_trees else "device", f"{draft_ms:.1f}", f"{forwards:.1f}",
+                   f"{draft_ms / max(forwards, 1):.2f}", f"{sum(s.num_emitted for s in r.stats) / len(r.stats):.1f}",
+                   f"{ratio:.2f}x" if r.host_trees else "", "yes" if same else "NO")
