@@ -150,10 +150,11 @@ def test_shapes_arithmetic_gives_the_loaded_bytes(pairs, arch):
 @pytest.mark.parametrize("arch", ["llama", "mixtral", "qwen3_moe", "gpt_oss", "qwen3_next", "qwen3_5_text"])
 def test_the_plan_is_the_engines_plan(pairs, arch):
     """On CPU the engine's plan has no CUDA reserve; everything else (KV caches, logits, masks,
-    activations, workspaces) is the same arithmetic on the same inputs."""
+    activations, workspaces) is the same arithmetic on the same inputs. Draft graphs on (a CPU runs their
+    static pass uncaptured): the plan reads from the configs whether the engine's draft has a static pass."""
     target, draft = pairs(arch)
     config = EngineConfig(model=ModelConfig(target=target, draft=draft, dtype="float32"),
-                          speculation=SpeculationConfig(budget=32),
+                          speculation=SpeculationConfig(budget=32, draft_graphs=True),
                           offload=OffloadConfig(enabled=True, resident_layers=1),
                           limits=LimitsConfig(max_context=256, max_running=2, prefix_cache_slots=1))
     engine = Engine.load(config)
@@ -161,6 +162,7 @@ def test_the_plan_is_the_engines_plan(pairs, arch):
         got = plan_pair(config, 10**12)
         want = dataclasses.replace(engine.memory_plan_inputs(), kv_slots=got.inputs.kv_slots)
         assert got.inputs.kv_slots == 3 and got.resident_layers == 1
+        assert got.inputs.draft_graphs == (arch == "llama")  # the others: experts or linear attention
         assert dataclasses.replace(got.inputs, loaded={}, reserve_bytes=0) == dataclasses.replace(want, loaded={})
         for name, nbytes in want.loaded.items():
             assert abs(got.inputs.loaded[name] - nbytes) <= max(0.02 * nbytes, 64 * 1024), name

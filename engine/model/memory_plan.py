@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from engine.config import EXTENSION_FACTOR
-from engine.model import layer_shapes
+from engine.model import draft_graphs, layer_shapes
 from engine.model.linear_state import STATE_BYTES, LinearShape
 from engine.model.runner import DecoderRunner
 from engine.types import ConfigError
@@ -68,6 +68,7 @@ class PlanInputs:
     max_running: int = 1  # trees per target pass (their roots add to the budget's nodes)
     kv_slots: int = 1  # target + draft KV cache pairs: running requests plus prefix cache
     dequant_scratch_bytes: int = 0  # GPTQ dequantize kernel: its largest matrix's temporaries per call
+    draft_graphs: bool = False  # the draft's forwards on its static pass (engine.model.draft_graphs)
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,31 @@ def activation_bytes(shape: ModelShape, rows: int) -> int:
     return rows * (3 * shape.hidden_size + attn + 3 * shape.intermediate_size) * shape.dtype_bytes
 
 
+def draft_rows(inputs: PlanInputs) -> int:
+    """Nodes one draft pass expands: every running tree's forward together (lockstep growth), each at most
+    max_expand and its tree's nodes; the trees share the budget (an extension's EXTENSION_FACTOR times it)."""
+    return min(inputs.max_running * inputs.max_expand, EXTENSION_FACTOR * inputs.budget + inputs.max_running)
+
+
+def draft_graph_bytes(draft: ModelShape, segments: int, rows_per_tree: int, capacity: int) -> tuple[int, int]:
+    """(rows, bytes) of the draft's static passes (engine.model.draft_graphs), block layout: rows, each
+    tree's forward padded to its bucket; bytes, every shape's additive mask buffer that could be made
+    (segments^2 x bucket x span each, MASK_BYTES in all at most) and, inside a pass, one layer's gathered keys
+    and values of every segment's span (the graphs' pool holds the largest pass's transients)."""
+    bucket = draft_graphs.row_bucket(rows_per_tree)
+    if bucket is None:  # every tree forward runs eagerly
+        return 0, 0
+    # kv_span's values for every end <= capacity: powers of two from KV_MIN, capped at the capacity
+    spans = {min(capacity, max(draft_graphs.KV_MIN, 1 << power)) for power in range(capacity.bit_length() + 1)}
+    spans = {span for span in spans if span <= draft_graphs.MAX_SPAN}
+    if not spans:
+        return 0, 0
+    buckets = sum(b for b in draft_graphs.ROW_BUCKETS if b <= bucket)
+    masks = sum(s * s for s in range(1, segments + 1)) * buckets * sum(spans) * draft.dtype_bytes
+    gathered = 2 * segments * max(spans) * draft.num_kv_heads * draft.head_dim * draft.dtype_bytes
+    return segments * bucket, min(draft_graphs.MASK_BYTES, masks) + gathered
+
+
 def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     """Every device allocation of a served pair at `max_context` and `budget`, by name."""
     target, draft = inputs.target, inputs.draft
@@ -184,15 +210,19 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
         items.append(PlanItem("prefill hidden states", 2 * inputs.max_context * target.hidden_size
                               * target.dtype_bytes, False))
     if draft is not None:
-        rows = min(inputs.max_expand, inputs.budget + 1)  # nodes per draft forward (one tree at a time)
+        rows = draft_rows(inputs)
+        per_tree = min(inputs.max_expand, EXTENSION_FACTOR * inputs.budget + 1)  # one tree's forward
+        graph_rows, graph_bytes = (draft_graph_bytes(draft, inputs.max_running, per_tree, draft_capacity)
+                                   if inputs.draft_graphs else (0, 0))
         items += [
             PlanItem("draft KV caches", inputs.kv_slots * kv_cache_bytes(draft, draft_capacity), False),
             PlanItem("draft linear-attention states", inputs.kv_slots * linear_state_bytes(draft, draft_pending), False),
             PlanItem("draft linear-attention scratch", linear_scratch_bytes(draft, rows, draft_pending), False),
             PlanItem("draft logits", rows * draft.vocab_size * 4 * 3, False),  # logits, log-probs, top-k
             PlanItem("draft masks", mask_bytes(draft, max(rows, chunk), draft_capacity), False),
-            PlanItem("draft activations", activation_bytes(draft, max(rows, chunk)), False),
+            PlanItem("draft activations", activation_bytes(draft, max(rows, graph_rows, chunk)), False),
             PlanItem("draft attention scores", draft.attention_scratch_bytes, False),
+            PlanItem("draft graphs (masks, gathered KV)", graph_bytes, False),
         ]
     if inputs.dequant_scratch_bytes:
         items.append(PlanItem("dequantization scratch (4-bit, FP8)", inputs.dequant_scratch_bytes, False))

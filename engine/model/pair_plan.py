@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from engine.config import SELF_DRAFT, EngineConfig
-from engine.model import config_shapes, gptq_int4, memory, memory_plan, self_draft_plan
+from engine.model import config_shapes, gptq_int4, layer_shapes, memory, memory_plan, self_draft_plan
 from engine.model.pair import check_offload_source, max_context_for
 from engine.offload.build import plan_resident
 from engine.speculation.budget import BudgetTracker
@@ -78,6 +78,17 @@ def dequant_scratch(weights: config_shapes.ConfigBytes, kernel: str) -> int:
     return weights.largest_matrix * scratch_bytes_per_weight(kernel)
 
 
+def draft_graphed(config: EngineConfig, draft_cfg: dict | None, self_draft: bool) -> bool:
+    """Whether the engine would run the draft's forwards on its static pass (engine.model.draft_graphs.graphable,
+    read from the config): draft graphs on or auto (a CUDA plan), full attention in every layer, no
+    linear-attention layers, no experts, plain weights (a self-draft's layers are 4-bit copies)."""
+    if config.speculation.draft_graphs is False or draft_cfg is None or self_draft:
+        return False
+    cfg = layer_shapes.hf_config(draft_cfg)
+    return (layer_shapes.config_windows(cfg) == {None} and not layer_shapes.num_linear_layers(cfg)
+            and not getattr(cfg, "num_experts_per_tok", None) and "quantization_config" not in draft_cfg)
+
+
 def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
     """The startup plan of `config` on a CUDA device of `total_bytes` (module doc)."""
     target_cfg, target_source = config_shapes.read_model_config(config.model.target)
@@ -129,6 +140,7 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
         max_running=config.limits.max_running,
         kv_slots=config.limits.max_running,
         dequant_scratch_bytes=max((dequant_scratch(m, kernel) for m, kernel in scratch), default=0),
+        draft_graphs=needs_draft and draft_graphed(config, draft_cfg, self_draft),
     )
     return size_slots(config, inputs, total_bytes - CUDA_CONTEXT_BYTES, num_resident, (target, draft),
                       (target_source, draft_source))

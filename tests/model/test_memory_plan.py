@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
-from engine.model import memory, memory_plan
+from engine.model import draft_graphs, memory, memory_plan
 from engine.model.memory_plan import ModelShape, PlanInputs, check_fits, plan_memory
 from engine.model.runner import DecoderRunner
 from engine.runtime import Engine
-from engine.types import ConfigError, SamplingParams
+from engine.types import ConfigError, Request, SamplingParams
 from tests.helpers.tiny_models import build_model, make_tiny_pair
 
 GIB = 2**30
@@ -233,3 +233,48 @@ def test_cuda_plan_under_a_memory_fraction_refuses_instead_of_running_out(pair) 
         engine.close()
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_the_draft_plan_holds_every_running_trees_forward_in_one_pass() -> None:
+    """Lockstep growth: one draft pass expands every running tree's nodes together."""
+    one = plan_memory(llama70b_inputs(LLAMA_1B, 2_470_000_000))
+    four = plan_memory(llama70b_inputs(LLAMA_1B, 2_470_000_000, max_running=4, kv_slots=4))
+    assert one.bytes_of("draft logits") == 128 * 128256 * 4 * 3
+    assert four.bytes_of("draft logits") == 4 * 128 * 128256 * 4 * 3
+    small = plan_memory(llama70b_inputs(LLAMA_1B, 2_470_000_000, max_running=4, budget=16))
+    assert small.bytes_of("draft logits") == (2 * 16 + 4) * 128256 * 4 * 3  # the trees' nodes bound it
+
+
+def test_draft_graphs_plan_their_masks_and_a_layers_gathered_keys_and_values() -> None:
+    inputs = llama70b_inputs(LLAMA_1B, 2_470_000_000, max_context=4096, budget=1024, max_running=4, kv_slots=4)
+    eager = plan_memory(inputs)
+    graphs = plan_memory(dataclasses.replace(inputs, draft_graphs=True))
+    held = graphs.bytes_of("draft graphs (masks, gathered KV)")
+    gathered = 2 * 4 * 8194 * 8 * 64 * 2  # 4 segments x the widest span: the whole cache (4096 + 32 x 128 + 2)
+    assert eager.bytes_of("draft graphs (masks, gathered KV)") == 0
+    assert gathered < held <= draft_graphs.MASK_BYTES + gathered
+    assert graphs.to_allocate - eager.to_allocate >= held
+    check_fits(inputs, graphs, free_after_loading(inputs, CARD_24GB_FREE), "cuda:0")  # a 24 GB card holds them
+
+
+def test_the_planned_graph_masks_bound_the_masks_a_run_makes(pair) -> None:
+    """Masks the static passes allocate (CPU: the same buffers, uncaptured) across streams, budgets and
+    depths, against the plan's bound for the engine's own inputs."""
+    engine = Engine.load(dataclasses.replace(config_for(pair), speculation=SpeculationConfig(
+        budget=32, max_depth=6, draft_graphs=True), limits=LimitsConfig(max_context=200, max_running=3)))
+    graphs = engine.pair.draft.graphs
+    assert graphs is not None
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    for streams in (1, 3):
+        for i in range(streams):
+            engine.add_request(Request(f"s{streams}-{i}", [5 + i, 6, 7], params))
+        while engine.num_running:
+            engine.step()
+    made = sum(static.mask.nbytes for static in graphs.passes.values())
+    inputs = engine.memory_plan_inputs()
+    assert inputs.draft_graphs and made > 0
+    draft = inputs.draft
+    _, capacity = memory_plan.cache_capacities(inputs.max_context, inputs.budget, inputs.max_depth, inputs.max_expand)
+    gathered = 2 * inputs.max_running * capacity * draft.num_kv_heads * draft.head_dim * draft.dtype_bytes  # widest span
+    planned = plan_memory(inputs).bytes_of("draft graphs (masks, gathered KV)")
+    assert made <= planned - gathered
