@@ -7,6 +7,7 @@ check the same with the draft on a GPU and its trees on the host."""
 from __future__ import annotations
 
 import argparse
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
