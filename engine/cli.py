@@ -54,6 +54,8 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                        "(one launch for a forward's ~1,000 kernels); auto (default): on for CUDA, off on a CPU"),
     "--host-trees": ("speculation", "host_trees", "on_off", "on: SpecExec trees grow on the host while the draft "
                      "runs on a GPU (fewer device launches a draft forward); off (default)"),
+    "--extension-factor": ("speculation", "extension_factor", int, "overlap: a tree grows on during its pass "
+                           "to this many times the budget (its subtree seeds the next tree)"),
     "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),
     "--resident-layers": ("offload", "resident_layers", int,
                           "target layers kept on the device (default: as many as --gpu-memory allows)"),

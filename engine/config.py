@@ -101,6 +101,10 @@ class SpeculationConfig:
     # larger part of a four-stream draft phase with graphs: docs/bench/gpu.md). Off unless asked for until a GPU
     # run measures it; no effect with a CPU draft
     host_trees: bool = False
+    # overlap: a tree grows on during its pass to this many times the step's budget (its extension; its subtree
+    # under the step's outcome seeds the next tree): a larger extension leaves fewer draft forwards before the
+    # next pass (docs/bench/overlap.md, "Extension budget")
+    extension_factor: int = EXTENSION_FACTOR
 
     def resolved(self, device_type: str) -> SpeculationConfig:
         """This config with overlap and draft_graphs 'auto' decided for a device of `device_type`."""
@@ -109,9 +113,9 @@ class SpeculationConfig:
                                    draft_graphs=cuda if self.draft_graphs == "auto" else self.draft_graphs)
 
     def extension_budget(self, budget: int) -> int:
-        """Nodes a tree may grow to during its pass (overlap): EXTENSION_FACTOR x the step's budget; 0 off."""
+        """Nodes a tree may grow to during its pass (overlap): extension_factor x the step's budget; 0 off."""
         assert self.overlap != "auto", "resolve overlap for the device first (SpeculationConfig.resolved)"
-        return EXTENSION_FACTOR * budget if self.overlap else 0
+        return self.extension_factor * budget if self.overlap else 0
 
     def tree_method(self, greedy: bool, temperature: float, seeded: bool) -> Method:
         """The trees a request's steps grow: `method`, except specexec's switch for hot unseeded requests."""
@@ -150,6 +154,8 @@ class SpeculationConfig:
         require(self.draft_graphs in (True, False, "auto"), "speculation.draft_graphs",
                 f"must be on, off or auto, got {self.draft_graphs!r}")
         require(self.host_trees in (True, False), "speculation.host_trees", f"must be on or off, got {self.host_trees!r}")
+        require(isinstance(self.extension_factor, int) and self.extension_factor >= 1, "speculation.extension_factor",
+                f"must be an integer >= 1, got {self.extension_factor!r}")
         require(
             isinstance(self.greedy_tree_temperature, int | float) and 0.0 < self.greedy_tree_temperature <= 2.0,
             "speculation.greedy_tree_temperature",

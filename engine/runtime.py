@@ -203,7 +203,7 @@ class Engine:
         draft, target = self.pair.draft, self.pair.target
         # a hybrid model's caches: rows of its uncommitted tokens (tree nodes, expanded draft nodes)
         target_pending, draft_pending = memory_plan.pending_slots(self.max_context, self.budget, spec.max_depth,
-                                                                  spec.max_expand)
+                                                                  spec.max_expand, spec.extension_factor)
         drafts = draft.new_caches(num_slots, draft_capacity, draft_pending) if draft else [None] * num_slots
         slots = [KVSlot(target.new_cache(target_capacity, target_pending), draft_cache) for draft_cache in drafts]
         if draft is not None and draft.graphs is not None:

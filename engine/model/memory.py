@@ -66,6 +66,7 @@ def plan_inputs(
         reserve_bytes=memory_plan.CUDA_RESERVE_BYTES if target.device.type == "cuda" else 0,
         dequant_scratch_bytes=max(dequant_scratch_bytes(target), dequant_scratch_bytes(draft)),
         draft_graphs=draft is not None and draft.graphs is not None,
+        extension_factor=spec.extension_factor,
     )
 
 

@@ -69,6 +69,7 @@ class PlanInputs:
     kv_slots: int = 1  # target + draft KV cache pairs: running requests plus prefix cache
     dequant_scratch_bytes: int = 0  # GPTQ dequantize kernel: its largest matrix's temporaries per call
     draft_graphs: bool = False  # the draft's forwards on its static pass (engine.model.draft_graphs)
+    extension_factor: int = EXTENSION_FACTOR  # overlap: a tree's extension grows to this many times the budget
 
 
 @dataclass(frozen=True)
@@ -114,13 +115,14 @@ def cache_capacities(max_context: int, budget: int, max_depth: int, max_expand: 
     return target, draft
 
 
-def pending_slots(max_context: int, budget: int, max_depth: int, max_expand: int) -> tuple[int, int]:
+def pending_slots(max_context: int, budget: int, max_depth: int, max_expand: int,
+                  extension_factor: int = EXTENSION_FACTOR) -> tuple[int, int]:
     """Uncommitted tokens a hybrid model's caches keep linear-attention rows for (target, draft): the
     target's tree (budget + 1 nodes); the draft's catch-up chain (max_depth + 1) and expanded nodes, up to
-    (EXTENSION_FACTOR + 1) trees' worth and never past its KV room. A draft whose ring is full grows no
+    (extension_factor + 1) trees' worth and never past its KV room. A draft whose ring is full grows no
     further that step (Drafter.room), so the bound shapes trees, never exactness."""
     target, draft = cache_capacities(max_context, budget, max_depth, max_expand)
-    draft_rows = (EXTENSION_FACTOR + 1) * (budget + 1) + max_depth + 2
+    draft_rows = (extension_factor + 1) * (budget + 1) + max_depth + 2
     return target - max_context, min(draft - max_context, draft_rows)
 
 
@@ -163,8 +165,8 @@ def activation_bytes(shape: ModelShape, rows: int) -> int:
 
 def draft_rows(inputs: PlanInputs) -> int:
     """Nodes one draft pass expands: every running tree's forward together (lockstep growth), each at most
-    max_expand and its tree's nodes; the trees share the budget (an extension's EXTENSION_FACTOR times it)."""
-    return min(inputs.max_running * inputs.max_expand, EXTENSION_FACTOR * inputs.budget + inputs.max_running)
+    max_expand and its tree's nodes; the trees share the budget (an extension's extension_factor times it)."""
+    return min(inputs.max_running * inputs.max_expand, inputs.extension_factor * inputs.budget + inputs.max_running)
 
 
 def draft_graph_bytes(draft: ModelShape, segments: int, rows_per_tree: int, capacity: int) -> tuple[int, int]:
@@ -195,7 +197,8 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     nodes = inputs.budget + inputs.max_running  # tree nodes scored by one target pass, every root included
     chunk = min(inputs.prefill_chunk, inputs.max_context)
     items = [PlanItem(name, nbytes, True) for name, nbytes in inputs.loaded.items()]
-    target_pending, draft_pending = pending_slots(inputs.max_context, inputs.budget, inputs.max_depth, inputs.max_expand)
+    target_pending, draft_pending = pending_slots(inputs.max_context, inputs.budget, inputs.max_depth, inputs.max_expand,
+                                                  inputs.extension_factor)
     items += [
         PlanItem("target KV caches", inputs.kv_slots * kv_cache_bytes(target, target_capacity), False),
         PlanItem("target linear-attention states", inputs.kv_slots * linear_state_bytes(target, target_pending), False),
@@ -211,7 +214,7 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
                               * target.dtype_bytes, False))
     if draft is not None:
         rows = draft_rows(inputs)
-        per_tree = min(inputs.max_expand, EXTENSION_FACTOR * inputs.budget + 1)  # one tree's forward
+        per_tree = min(inputs.max_expand, inputs.extension_factor * inputs.budget + 1)  # one tree's forward
         graph_rows, graph_bytes = (draft_graph_bytes(draft, inputs.max_running, per_tree, draft_capacity)
                                    if inputs.draft_graphs else (0, 0))
         items += [

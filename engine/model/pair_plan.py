@@ -141,6 +141,7 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
         kv_slots=config.limits.max_running,
         dequant_scratch_bytes=max((dequant_scratch(m, kernel) for m, kernel in scratch), default=0),
         draft_graphs=needs_draft and draft_graphed(config, draft_cfg, self_draft),
+        extension_factor=config.speculation.extension_factor,
     )
     return size_slots(config, inputs, total_bytes - CUDA_CONTEXT_BYTES, num_resident, (target, draft),
                       (target_source, draft_source))

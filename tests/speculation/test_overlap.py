@@ -125,6 +125,28 @@ def test_seeds_are_grown_during_the_pass_and_used(same_pair, monkeypatch) -> Non
     assert sum(d.stats.overlap_seconds for d in deltas) > 0
 
 
+def test_a_larger_extension_grows_more_during_the_pass_and_less_before_it(pair, references, monkeypatch) -> None:
+    """--extension-factor: with a slow pass, extensions of 8x the budget run more draft forwards beside the pass
+    than 2x ones and leave fewer before the next one (richer seeds); the output is the target's either way."""
+    forwards = {}
+    for factor in (2, 8):
+        engine = Engine.load(EngineConfig(
+            model=ModelConfig(target=pair[0], draft=pair[1]), limits=LimitsConfig(max_context=256),
+            speculation=SpeculationConfig(budget=8, max_depth=12, overlap=True, extension_factor=factor)))
+        assert engine.config.speculation.extension_budget(8) == 8 * factor
+        slow_target(engine, monkeypatch, seconds=0.1)
+        engine.add_request(Request("r", PROMPTS[2], greedy(LENGTHS[2])))
+        emitted, before, during = [], 0, 0
+        while engine.num_running:
+            output = engine.step()
+            emitted += [t for d in output.deltas for t in d.token_ids]
+            before, during = before + output.stats.draft_forwards, during + output.stats.extension_forwards
+        assert emitted == references[2]
+        forwards[factor] = (before, during)
+        engine.close()
+    assert forwards[8][1] > forwards[2][1] and forwards[8][0] < forwards[2][0]
+
+
 def test_a_seeds_draft_kv_is_what_the_draft_computes_for_its_paths(same_pair, monkeypatch) -> None:
     """After adopt, each expanded node's draft KV (layer 0 keys) equals a plain causal forward of the
     prefix and the node's path through the draft."""
