@@ -24,6 +24,7 @@ from bench.gpu_check.fullshape_report import (
     print_steps,
     print_users,
 )
+from bench.gpu_check.plan import DraftVariant
 from bench.gpu_check.probes import GB, peak_bytes, reset_peak
 from engine.model import memory_plan
 from engine.runtime import Engine
@@ -60,16 +61,18 @@ def run_steps(engine: Engine, requests: list[Request], warmup: int, measured: in
     return stats
 
 
-def step_row(ctx: CheckContext, base: Engine, budget: int, overlap: bool, streams: int, graphs: bool) -> StepRow:
+def step_row(ctx: CheckContext, base: Engine, budget: int, overlap: bool, streams: int, draft: DraftVariant) -> StepRow:
     full = ctx.plan.full
-    engine = base.with_speculation(dataclasses.replace(base.config.speculation, budget=budget, overlap=overlap,
-                                                       draft_graphs=graphs))
-    requests = [Request(f"b{budget}-o{int(overlap)}-s{streams}-g{int(graphs)}-{i}", prompt(ctx, full.prompt_len, i),
+    engine = base.with_speculation(dataclasses.replace(
+        base.config.speculation, budget=budget, overlap=overlap, draft_graphs=draft.graphs, host_trees=draft.host_trees,
+        extension_factor=draft.extension_factor))
+    label = f"g{int(draft.graphs)}h{int(draft.host_trees)}x{draft.extension_factor}"
+    requests = [Request(f"b{budget}-o{int(overlap)}-s{streams}-{label}-{i}", prompt(ctx, full.prompt_len, i),
                         greedy(full.max_context // 2)) for i in range(streams)]
     reset_peak(ctx.device)
     stats = run_steps(engine, requests, full.warmup_steps, full.measured_steps)
     planned = memory_plan.plan_memory(engine.memory_plan_inputs(budget)).total
-    return StepRow(budget, overlap, streams, stats, peak_bytes(ctx.device), planned, graphs)
+    return StepRow(budget, overlap, streams, stats, peak_bytes(ctx.device), planned, draft.name)
 
 
 def join_gaps(ctx: CheckContext, base: Engine) -> tuple[float, float, int, float, bool]:
@@ -132,7 +135,7 @@ def run_sections(ctx: CheckContext, engine: Engine) -> None:
     tree_sizes = sorted({1, *(budget + 1 for budget in full.budgets)})
     passes = pass_rows(engine.pair.target, full, ctx.device, tree_sizes)
     print_passes(ctx, passes)
-    rows = [step_row(ctx, engine, budget, overlap, streams, graphs) for graphs in full.draft_graphs
+    rows = [step_row(ctx, engine, budget, overlap, streams, draft) for draft in full.variants
             for budget in full.budgets for overlap in (False, True) for streams in full.streams]
     print_steps(ctx, rows, passes)
     print_join(ctx, *join_gaps(ctx, engine))

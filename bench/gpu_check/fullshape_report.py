@@ -29,7 +29,7 @@ class StepRow:
     stats: list[PassStats]
     peak: int | None
     planned: int
-    graphs: bool = False  # the draft's forwards as CUDA graphs
+    draft: str = "graphs"  # how the draft ran (plan.DraftVariant's name)
 
     def median(self, field: str) -> float:
         return statistics.median(getattr(s, field) for s in self.stats)
@@ -97,7 +97,7 @@ def print_steps(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow]) -
                 "streamed layer copied alone (the pass's floor).")
     report.table("budget", "overlap", "streams", "draft ms", "draft forwards before the pass", "ms per draft forward",
                  "pass ms", "copy ms", "overlap ms", "draft forwards during the pass", "step ms", "tokens/pass", "tokens/s", "peak memory", "plan",
-                 "peak within plan", "draft graphs")
+                 "peak within plan", "draft")
     for r in rows:
         within = "n/a (CPU)" if r.peak is None else ("yes" if r.peak <= r.planned else "NO")
         if within == "NO":
@@ -107,37 +107,38 @@ def print_steps(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow]) -
         report.row(r.budget, "on" if r.overlap else "off", r.streams, ms(r.median("draft_seconds")), f"{forwards:.0f}",
                    per_forward, ms(r.median("target_seconds")), copy_ms, ms(r.median("overlap_seconds")),
                    f"{r.median('extension_forwards'):.0f}", ms(r.median("step_seconds")), f"{r.tokens_per_pass:.2f}",
-                   f"{r.tokens_per_second:.2f}", gigabytes(r.peak), gigabytes(r.planned), within,
-                   "on" if r.graphs else "off")
-    by_key = {(r.budget, r.overlap, r.streams, r.graphs): r for r in rows}
-    report.table("budget", "streams", "draft graphs", "overlap on / off (tokens/s)", "pass copy-bound", "goal")
-    for (budget, overlap, streams, graphs), on in by_key.items():
-        off = by_key.get((budget, False, streams, graphs))
+                   f"{r.tokens_per_second:.2f}", gigabytes(r.peak), gigabytes(r.planned), within, r.draft)
+    by_key = {(r.budget, r.overlap, r.streams, r.draft): r for r in rows}
+    report.table("budget", "streams", "draft", "overlap on / off (tokens/s)", "pass copy-bound", "goal")
+    for (budget, overlap, streams, draft), on in by_key.items():
+        off = by_key.get((budget, False, streams, draft))
         if not overlap or off is None:
             continue
         gain, bound = on.tokens_per_second / off.tokens_per_second, copy_bound(passes, budget + 1)
         goal = f">= {OVERLAP_GOAL} {'ok' if gain >= OVERLAP_GOAL else 'MISS'}" if bound else "- (compute-bound)"
         if bound and gain < OVERLAP_GOAL and cuda:
-            report.flag(f"overlap at budget {budget}, {streams} stream(s), graphs {graphs}: {gain:.2f}x")
-        report.row(budget, streams, "on" if graphs else "off", f"{gain:.2f}x", "yes" if bound else "no", goal)
+            report.flag(f"overlap at budget {budget}, {streams} stream(s), draft {draft}: {gain:.2f}x")
+        report.row(budget, streams, draft, f"{gain:.2f}x", "yes" if bound else "no", goal)
     most = max(full.streams)
-    report.table("budget", "overlap", "draft graphs", f"{most} streams / 1 stream (tokens/s)", "goal")
-    for (budget, overlap, streams, graphs), many in by_key.items():
-        one = by_key.get((budget, overlap, 1, graphs))
+    report.table("budget", "overlap", "draft", f"{most} streams / 1 stream (tokens/s)", "goal")
+    for (budget, overlap, streams, draft), many in by_key.items():
+        one = by_key.get((budget, overlap, 1, draft))
         if streams != most or one is None or most == 1:
             continue
         gain = many.tokens_per_second / one.tokens_per_second
         if gain < STREAMS_GOAL and cuda:
-            report.flag(f"{most} streams at budget {budget}, overlap {overlap}, graphs {graphs}: {gain:.2f}x one stream")
-        report.row(budget, "on" if overlap else "off", "on" if graphs else "off", f"{gain:.2f}x",
+            report.flag(f"{most} streams at budget {budget}, overlap {overlap}, draft {draft}: {gain:.2f}x one stream")
+        report.row(budget, "on" if overlap else "off", draft, f"{gain:.2f}x",
                    f">= {STREAMS_GOAL} {'ok' if gain >= STREAMS_GOAL else 'MISS'}")
-    report.table("budget", "overlap", "streams", "draft graphs on / off (tokens/s)", "draft ms on / off")
-    for (budget, overlap, streams, graphs), on in by_key.items():
-        off = by_key.get((budget, overlap, streams, False))
-        if not graphs or off is None:
+    baseline = full.variants[0].name
+    report.table("budget", "overlap", "streams", "draft", f"tokens/s / {baseline}'s", f"draft ms / {baseline}'s")
+    for (budget, overlap, streams, draft), row in by_key.items():
+        base = by_key.get((budget, overlap, streams, baseline))
+        if draft == baseline or base is None:
             continue
-        report.row(budget, "on" if overlap else "off", streams, f"{on.tokens_per_second / off.tokens_per_second:.2f}x",
-                   f"{ms(on.median('draft_seconds'))} / {ms(off.median('draft_seconds'))}")
+        report.row(budget, "on" if overlap else "off", streams, draft,
+                   f"{row.tokens_per_second / base.tokens_per_second:.2f}x",
+                   f"{ms(row.median('draft_seconds'))} / {ms(base.median('draft_seconds'))}")
 
 
 def print_join(ctx: CheckContext, median_before: float, longest_after: float, steps: int, waited: float,
@@ -159,7 +160,7 @@ def print_users(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow], s
     """Tokens/s for one user: measured draft time (overlap on, one stream) + the pass with its copy at
     PCIe 4.0 x16 (max of that copy and the measured compute), at other acceptances."""
     report, budget = ctx.report, min(ctx.plan.full.budgets)
-    # overlap on, one stream; with the draft's graphs where they ran (the rows put them last)
+    # overlap on, one stream; the last variant's (the rows put the variants in order)
     one = next((r for r in reversed(rows) if r.budget == budget and r.overlap and r.streams == 1), None)
     tree = next((r for r in passes if r.num_tokens == budget + 1), None)
     single = next((r for r in passes if r.num_tokens == 1), None)
@@ -170,7 +171,7 @@ def print_users(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow], s
     step_here = one.median("step_seconds")
     step_pcie = draft_s + max(copy_s, tree.compute_s)
     report.line(f"Measured step costs turned into one user's tokens/s at budget {budget}: draft {ms(draft_s)} ms "
-                f"(overlap on, seeded trees{', draft graphs' if one.graphs else ''}), tree pass compute {ms(tree.compute_s)} ms, {streamed_bytes / 1e9:.1f} GB "
+                f"(overlap on, seeded trees, draft: {one.draft}), tree pass compute {ms(tree.compute_s)} ms, {streamed_bytes / 1e9:.1f} GB "
                 f"streamed per pass; PCIe 4.0 x16 at {PCIE4_GBPS:g} GB/s (pinned host-to-device; 31.5 GB/s theoretical) "
                 f"-> copy {ms(copy_s)} ms. Autoregressive: one token per pass of max(copy, 1-token compute).")
     report.table("acceptance (tokens per pass)", "tokens/pass", "tokens/s, this GPU's link", "tokens/s, PCIe 4.0 x16")

@@ -6,6 +6,16 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class DraftVariant:
+    """How the draft runs in a set of full-shape step rows (each variant runs every budget x overlap x streams)."""
+
+    name: str  # the rows' label
+    graphs: bool = True  # its forwards as CUDA graphs (--draft-graphs)
+    host_trees: bool = False  # SpecExec trees grown on the host (--host-trees)
+    extension_factor: int = 2  # overlap extensions grow to this many times the budget (--extension-factor)
+
+
+@dataclass(frozen=True)
 class FullShape:
     """The full-shape section: a Llama-3-70B-shaped 4-bit target (every layer streamed from pinned RAM)
     beside a Llama-3.2-1B-shaped draft, under a 24 GB card's memory."""
@@ -27,7 +37,10 @@ class FullShape:
     memory_cap_gb: float = 23.0  # the caching allocator's cap (a 24 GB card, less the CUDA context)
     budgets: tuple[int, ...] = (256, 1024)
     streams: tuple[int, ...] = (1, 4)
-    draft_graphs: tuple[bool, ...] = (False, True)  # the draft's forwards eager, then as CUDA graphs
+    # the first variant is the baseline the others are compared with (graphs off / on: docs/bench/gpu.md, run 3)
+    variants: tuple[DraftVariant, ...] = (DraftVariant("graphs"), DraftVariant("graphs, 8x extension", extension_factor=8),
+                                          DraftVariant("graphs, 8x extension, host trees", host_trees=True,
+                                                       extension_factor=8))
     prompt_len: int = 64  # each stream's prompt
     warmup_steps: int = 2  # steps before the measured ones (each stream's prefill, a seed to grow from)
     measured_steps: int = 3
@@ -115,5 +128,7 @@ TINY = Plan(  # CPU test mode: every section's logic in seconds
         vocab_size=512, draft_layers=1, draft_hidden=32, draft_mlp=64, draft_heads=2, draft_kv_heads=1,
         draft_head_dim=16, budgets=(8, 16), streams=(1, 2), prompt_len=8, warmup_steps=1, measured_steps=2,
         join_len=150, join_steps_before=2, max_context=256, kernel_tokens=(1, 17), autoregressive_steps=2,
+        variants=(DraftVariant("eager", graphs=False), DraftVariant("graphs, 8x extension, host trees", host_trees=True,
+                                                                     extension_factor=8)),
     ),
 )

@@ -129,13 +129,13 @@ def test_tiny_full_shape_section_runs_every_table(tmp_path, capsys):
     assert [r[0] for r in table(text, "rows per call")] == [str(n) for n in TINY.full.kernel_tokens]
     assert [r[0] for r in table(text, "tokens", "compute ms")] == ["1", *(str(b + 1) for b in TINY.full.budgets)]
     steps = table(text, "budget", "overlap", "streams")
-    assert [(r[0], r[1], r[2], r[-1]) for r in steps] == [(str(b), o, str(s), g) for g in ("off", "on")
+    assert [(r[0], r[1], r[2], r[-1]) for r in steps] == [(str(b), o, str(s), v.name) for v in TINY.full.variants
                                                            for b in TINY.full.budgets
                                                            for o in ("off", "on") for s in TINY.full.streams]
     assert all(float(r[11]) >= 1 for r in steps)  # tokens per pass
     assert all(int(r[4]) > 0 for r in steps)  # draft forwards before the pass
     assert all(r[9] == "0" for r in steps if r[1] == "off") and any(int(r[9]) > 0 for r in steps if r[1] == "on")
-    assert len(table(text, "budget", "overlap", "streams", "draft graphs on / off (tokens/s)")) == 8
+    assert len(table(text, "budget", "overlap", "streams", "draft", "tokens/s / eager's")) == 8
     assert len(table(text, "median step before ms")) == 1
     users = table(text, "acceptance (tokens per pass)")
     assert users[-1][0] == "autoregressive (same run)" and len(users) == 4
