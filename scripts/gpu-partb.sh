@@ -7,7 +7,8 @@
 #   bash scripts/gpu-partb.sh 3 "$OUT"   # the draft's tree forward alone: eager vs compiled layers (~1-2 min)
 #   bash scripts/gpu-partb.sh 4 "$OUT"   # the draft's forwards as CUDA graphs: cuda tests, the draft forward,
 #                                        # the draft phase with trees on the device and on the host (growth),
-#                                        # then the full shape with graphs off and on (~5-6 min)
+#                                        # then the full shape per draft variant: graphs, 8x extensions, host
+#                                        # trees (bench/gpu_check/plan.py FullShape.variants; ~6-9 min)
 # Stage 1 runs the full shape with the int4 dequantization compiled into one kernel per shape
 # (SPECEXEC_INT4_DEQUANT=compiled, the default where triton is installed); its kernel table compares it
 # with the eager one and tinygemm.
@@ -45,7 +46,7 @@ case "$stage" in
     timeout 150 bash scripts/gpu-check.sh --out "$out/draftpass.md" --work-dir /tmp/gpucheck \
         --sections header,draftpass,growth > "$out/draftpass.log" 2>&1
     tail -n 3 "$out/draftpass.log"
-    SPECEXEC_INT4_DEQUANT=compiled timeout 280 bash scripts/gpu-check.sh --out "$out/fullshape.md" \
+    SPECEXEC_INT4_DEQUANT=compiled timeout 330 bash scripts/gpu-check.sh --out "$out/fullshape.md" \
         --work-dir /tmp/gpucheck --sections header,fullshape > "$out/fullshape.log" 2>&1
     tail -n 3 "$out/fullshape.log"
     ;;

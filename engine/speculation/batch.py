@@ -21,6 +21,7 @@ from engine.model.runner import DecoderRunner, Segment, prefill_groups
 from engine.offload.device import PassStreams, PhaseClock
 from engine.speculation.drafter import Growth, run_growths
 from engine.speculation.overlap import BackgroundPass
+from engine.speculation.search_tree import SearchTree
 from engine.speculation.step import (
     PREFILL_CHUNK,
     SequenceState,
@@ -120,12 +121,12 @@ def grow_trees(items: list[BatchItem], forwards: Extended) -> list[Tree | None |
 
 def score_trees(
     target: DecoderRunner, items: list[BatchItem], trees: list[Tree | None], streams: PassStreams | None
-) -> tuple[list[torch.Tensor | None], list[Tree | None], Extended]:
+) -> tuple[list[torch.Tensor | None], list[SearchTree | None], Extended]:
     """ONE target pass over every item's prompt slice and tree: each tree's [n_i, vocab] logits (None
     without a tree). With `streams`, the draft grows each SpecExec tree on while the pass runs (a
     thread of its own; CUDA: the target and draft streams): those extensions, and what they cost."""
     groups = pass_groups(items, trees)
-    grown: list[Tree | None] = [None] * len(items)
+    grown: list[SearchTree | None] = [None] * len(items)
     extendable = [index for index, (item, tree) in enumerate(zip(items, trees, strict=True))
                   if streams is not None and tree is not None and can_extend(item.ctx, tree)]
     extended = Extended()

@@ -22,10 +22,10 @@ import torch
 
 from engine.config import SpeculationConfig
 from engine.offload.device import PassStreams
-from engine.speculation.drafter import Drafter, GrowLimits, Growth, MaskFn
+from engine.speculation.drafter import Drafter, GrowLimits, MaskFn
 from engine.speculation.search_tree import SearchTree
-from engine.speculation.specexec_growth import best_first_search, reoffer, scored_expand
-from engine.speculation.tree import Tree, subtree
+from engine.speculation.specexec_growth import Search, best_first_search, reoffer, scored_expand
+from engine.speculation.tree import Tree
 from engine.types import SamplingParams
 
 T = TypeVar("T")
@@ -80,16 +80,17 @@ def extension(
     limits: GrowLimits,
     mask: MaskFn | None,
     stop: Callable[[], bool],
-) -> Growth:
+) -> Search:
     """The step's SpecExec tree grown on, best-first, within `limits` (SpeculationConfig.extension_budget
     nodes) and the draft cache's room, until `stop()` (the pass is done). Works on a copy: the scored
-    tree is left as it is."""
+    tree is left as it is. Returns a SearchTree (its extension_forwards counted): it may hold many times the
+    budget, so no ancestor matrix is built for it; its subtree under the step's outcome seeds the next tree."""
     grown = reoffer(SearchTree.of(tree.to(drafter.tree_device), limits.max_depth), spec, limits)  # own draft slots
     expand = scored_expand(drafter, params, spec)
     return best_first_search(grown, expand, spec, limits, drafter.room, mask, spec.max_depth, stop)
 
 
-def path_nodes(tree: Tree, token_ids: list[int]) -> tuple[list[int], list[int]]:
+def path_nodes(tree: SearchTree, token_ids: list[int]) -> tuple[list[int], list[int]]:
     """The nodes along `token_ids` below the root, root first, as far as the tree holds them, and
     their draft slots. One host sync."""
     num_nodes = tree.num_nodes
@@ -105,7 +106,8 @@ def path_nodes(tree: Tree, token_ids: list[int]) -> tuple[list[int], list[int]]:
     return nodes, [slots[node] for node in nodes]
 
 
-def commit_draft(drafter: Drafter, tree: Tree, path: torch.Tensor, grown: Tree | None, new_ids: list[int]) -> Tree | None:
+def commit_draft(drafter: Drafter, tree: Tree, path: torch.Tensor, grown: SearchTree | None,
+                 new_ids: list[int]) -> SearchTree | None:
     """Keep the accepted path's draft KV and return the next step's seed (None: grow afresh).
 
     path: [m] the accepted nodes of `tree` (the scored one); new_ids: the accepted tokens below the root,
@@ -118,7 +120,7 @@ def commit_draft(drafter: Drafter, tree: Tree, path: torch.Tensor, grown: Tree |
         if len(nodes) >= num_accepted:
             drafter.cache.commit(torch.tensor([s for s in slots[:num_accepted] if s >= 0], device=path.device))
             if len(nodes) == num_accepted + 1 and slots[-1] >= 0:
-                return subtree(grown, nodes[-1])
+                return grown.subtree(nodes[-1], len(nodes) - 1)
             return None
     drafter.commit(tree, path)
     return None

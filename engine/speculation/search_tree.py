@@ -4,11 +4,13 @@ It holds Tree's fields with one difference: each node's path is a row of node in
 instead of a row of the [n, n] ancestor matrix. Every forward re-sorts the tree by score (index order is
 score order, parents first), and re-indexing paths costs O(n * D) where the ancestor matrix cost O(n^2):
 at budget 1024 that was most of a draft forward's bookkeeping. A search starts from a Tree
-(`SearchTree.of`) and ends as one (`tree()`, its ancestor matrix built once).
+(`SearchTree.of`) and ends as one (`tree()`, its ancestor matrix built once); an overlap extension stays a
+SearchTree (it may hold many times the budget), and its subtree under the step's outcome seeds the next search.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -28,6 +30,7 @@ class SearchTree:
     expanded: torch.Tensor  # [n] bool, the draft ran the node (or it is selected for the next forward)
     child_lp: torch.Tensor | None = None  # [n, w] the top-w children each expanded node proposed (-inf elsewhere)
     child_ids: torch.Tensor | None = None  # [n, w] their token ids
+    extension_forwards: int = 0  # draft forwards an extension spent growing it beside a pass (overlap)
 
     @property
     def num_nodes(self) -> int:
@@ -50,7 +53,7 @@ class SearchTree:
         return cls(tree.token_ids, tree.parents, tree.depths, tree.scores, paths, tree.draft_slots.clone(),
                    tree.draft_slots >= 0, tree.child_lp, tree.child_ids)
 
-    def tree(self, extension_forwards: int = 0) -> Tree:
+    def tree(self) -> Tree:
         """The grown tree, its [n, n] ancestor matrix built from the paths (-1 entries point at the root,
         every node's ancestor anyway)."""
         num_nodes = self.num_nodes
@@ -58,7 +61,46 @@ class SearchTree:
         ancestors.scatter_(1, self.paths.clamp(min=0), True)
         return Tree(token_ids=self.token_ids, parents=self.parents, depths=self.depths, scores=self.scores,
                     ancestors=ancestors, draft_slots=self.draft_slots, child_lp=self.child_lp,
-                    child_ids=self.child_ids, extension_forwards=extension_forwards)
+                    child_ids=self.child_ids, extension_forwards=self.extension_forwards)
+
+    def widened(self, max_depth: int) -> SearchTree:
+        """The same tree with paths of at least max_depth + 1 columns (nodes may reach depth max_depth)."""
+        missing = max_depth + 1 - self.paths.shape[1]
+        if missing <= 0:
+            return self
+        return dataclasses.replace(self, paths=torch.nn.functional.pad(self.paths, (0, missing), value=-1))
+
+    def keep(self, nodes: torch.Tensor) -> SearchTree:
+        """The tree restricted to `nodes` ([m] ascending indices, closed under ancestors, the root first)."""
+        new_index = torch.full((self.num_nodes,), -1, dtype=torch.long, device=nodes.device)
+        new_index[nodes] = torch.arange(nodes.shape[0], device=nodes.device)
+        parents, paths = self.parents[nodes], self.paths[nodes]
+        return SearchTree(
+            token_ids=self.token_ids[nodes],
+            parents=torch.where(parents >= 0, new_index[parents.clamp(min=0)], parents),
+            depths=self.depths[nodes],
+            scores=self.scores[nodes],
+            paths=torch.where(paths >= 0, new_index[paths.clamp(min=0)], paths),
+            draft_slots=self.draft_slots[nodes],
+            expanded=self.expanded[nodes],
+            child_lp=None if self.child_lp is None else self.child_lp[nodes],
+            child_ids=None if self.child_ids is None else self.child_ids[nodes],
+            extension_forwards=self.extension_forwards,
+        )
+
+    def subtree(self, node: int, depth: int) -> SearchTree:
+        """The subtree under `node` (at `depth`), re-rooted there: depths, scores and paths relative to it
+        (index order, hence score order and parents before children, is kept)."""
+        sub = self.keep((self.paths[:, depth] == node).nonzero().squeeze(1))  # node and its descendants
+        sub.parents[0] = -1
+        paths = torch.nn.functional.pad(sub.paths[:, depth:], (0, depth), value=-1)  # dropped ancestors: -1 anyway
+        return dataclasses.replace(sub, depths=sub.depths - depth, scores=sub.scores - sub.scores[0], paths=paths)
+
+    def trim(self, max_nodes: int, max_depth: int) -> SearchTree:
+        """The first `max_nodes` nodes no deeper than `max_depth` (an index prefix of an ancestor-closed set
+        stays closed under ancestors)."""
+        shallow = (self.depths <= max_depth).nonzero().squeeze(1)[:max_nodes]
+        return self if shallow.shape[0] == self.num_nodes else self.keep(shallow)
 
     def draft_mask(self, selected: torch.Tensor, committed: int, width: int) -> torch.Tensor:
         """[k, width] bool: what each of `selected` ([k], its draft slot assigned) sees in the draft cache:
@@ -125,4 +167,5 @@ def add_best_children(
         expanded=torch.cat([tree.expanded, tree.expanded.new_zeros(num_new)])[order],
         child_lp=torch.cat([stored_lp, stored_lp.new_full((num_new, width), float("-inf"))])[order],
         child_ids=torch.cat([stored_ids, stored_ids.new_zeros((num_new, width))])[order],
+        extension_forwards=tree.extension_forwards,
     )

@@ -6,6 +6,7 @@ SearchTree (paths instead of the ancestor matrix: engine.speculation.search_tree
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Generator
 
 import torch
@@ -15,11 +16,13 @@ from engine.model.runner import Segment
 from engine.speculation.drafter import Drafter, GrowLimits, Growth, MaskFn, renormalise, root_tree
 from engine.speculation.sampling import apply_logit_bias
 from engine.speculation.search_tree import SearchTree, add_best_children
-from engine.speculation.tree import Tree, trim
+from engine.speculation.tree import Tree
 from engine.types import SamplingParams
 
 # expand(tree, selected [k]) -> (yielding its forward) [k, vocab] draft log-probs
 ExpandFn = Callable[[SearchTree, torch.Tensor], Generator[Segment, torch.Tensor, torch.Tensor]]
+# a search: a growth (drafter.Growth) that returns the SearchTree, not yet a Tree
+Search = Generator[Segment, torch.Tensor, SearchTree]
 
 
 def draft_log_probs(
@@ -42,7 +45,7 @@ def grow_tree(
     spec: SpeculationConfig,
     limits: GrowLimits,
     mask: MaskFn | None = None,
-    seed: Tree | None = None,
+    seed: SearchTree | None = None,
     seeded_forwards: int = 0,
 ) -> Growth:
     """SpecExec: best-first expansion of the K best unexpanded leaves per draft forward, each
@@ -52,17 +55,19 @@ def grow_tree(
     the forwards a fresh tree would get less those the extension spent on it, at least `seeded_forwards`."""
     expand = scored_expand(drafter, params, spec)
     if seed is not None and not pending_ids:
-        tree = SearchTree.of(drafter.adopt(trim(seed, limits.budget + 1, limits.max_depth)), limits.max_depth)
+        tree = drafter.adopt(seed.trim(limits.budget + 1, limits.max_depth)).widened(limits.max_depth)
         # the forwards a fresh tree gets, less those its extension already spent (a long pass: few)
         forwards = max(seeded_forwards, limits.max_depth - 1 - seed.extension_forwards)
-        return (yield from best_first_search(reoffer(tree, spec, limits), expand, spec, limits, drafter.room, mask,
-                                             forwards))
+        grown = yield from best_first_search(dataclasses.replace(reoffer(tree, spec, limits), extension_forwards=0),
+                                             expand, spec, limits, drafter.room, mask, forwards)
+        return grown.tree()
     root_logits = yield from drafter.catch_up(pending_ids, root_id)
     tree = root_tree(root_id, drafter.cache.length, drafter.tree_device)
     root_log_probs = draft_log_probs(
         root_logits, params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale
     )
-    return (yield from search_from_root(tree, root_log_probs, expand, spec, limits, drafter.room, mask))
+    grown = yield from search_from_root(tree, root_log_probs, expand, spec, limits, drafter.room, mask)
+    return grown.tree()
 
 def scored_expand(drafter: Drafter, params: SamplingParams, spec: SpeculationConfig) -> ExpandFn:
     """expand(tree, selected) for best-first search: the drafter's forward, as draft_log_probs."""
@@ -81,7 +86,7 @@ def search_from_root(
     limits: GrowLimits,
     room: Callable[[], int],
     mask: MaskFn | None = None,
-) -> Growth:
+) -> Search:
     """The search over a root-only tree whose root's draft log-probs ([1, vocab]) are known: its
     children, then up to max_depth - 1 more draft forwards."""
     root = tree.parents.new_zeros(1)
@@ -100,9 +105,9 @@ def best_first_search(
     mask: MaskFn | None,
     max_forwards: int,
     stop: Callable[[], bool] | None = None,
-) -> Growth:
+) -> Search:
     """Best-first growth of `tree` for at most `max_forwards` draft forwards, or until `stop()` says so
-    between forwards; returns it as a Tree. expand(tree, selected [k]) yields its forward and returns
+    between forwards (then its extension_forwards count them). expand(tree, selected [k]) yields its forward and returns
     [k, vocab] draft log-probs; mask: every expanded node's log-probs are conditioned on what it allows."""
     num_forwards = 0
     for num_forwards in range(max_forwards):  # noqa: B007  # the count is read after the loop
@@ -119,7 +124,7 @@ def best_first_search(
                                  limits.budget)
     else:
         num_forwards = max_forwards
-    return tree.tree(num_forwards if stop is not None else 0)
+    return dataclasses.replace(tree, extension_forwards=num_forwards) if stop is not None else tree
 
 def select_leaves(tree: SearchTree, max_expand: int, limits: GrowLimits, room: int) -> torch.Tensor:
     """The best unexpanded nodes whose children could still enter the top `budget` (tree is

@@ -23,7 +23,8 @@ from engine.speculation.rrs_growth import CHILDREN as RRS_CHILDREN
 from engine.speculation.rrs_growth import grow_rrs_tree
 from engine.speculation.rrs_shape import ShapeBook, TreeShape
 from engine.speculation.sampling import NodeLogits, position_noise
-from engine.speculation.specexec_growth import grow_tree
+from engine.speculation.search_tree import SearchTree
+from engine.speculation.specexec_growth import Search, grow_tree
 from engine.speculation.specinfer_growth import grow_sampled_tree
 from engine.speculation.tree import Tree
 from engine.speculation.verify import Verdict, path_probabilities, verify_specinfer, verify_tree
@@ -78,7 +79,7 @@ class StepContext:
     stop_mask: torch.Tensor  # [vocab] bool, tokens never expanded (EOS, stop ids), on drafter.tree_device
     max_context: int
     track_acceptance: bool = False  # record the step's acceptance curve in the SequenceState (budget auto, shared budgets)
-    seed: Tree | None = None  # the next tree, partly grown during the last pass (overlap), rooted at the root
+    seed: SearchTree | None = None  # the next tree, partly grown during the last pass (overlap), rooted at the root
     shape_book: ShapeBook | None = None  # RRS trees: the engine's acceptance evidence across requests
 
 
@@ -124,7 +125,7 @@ def can_extend(ctx: StepContext, tree: Tree) -> bool:
     return ctx.spec.method == "specexec" and tree.child_lp is not None and tree.predicted == 0
 
 
-def extension_growth(ctx: StepContext, seq: SequenceState, tree: Tree, stop: Callable[[], bool]) -> Growth:
+def extension_growth(ctx: StepContext, seq: SequenceState, tree: Tree, stop: Callable[[], bool]) -> Search:
     """The tree's growth during its pass (overlap.extension); needs can_extend."""
     max_depth = min(2 * ctx.spec.max_depth, remaining_tokens(ctx, seq) - 1)
     limits = GrowLimits(budget=ctx.spec.extension_budget(ctx.budget), max_depth=max_depth, stop_mask=ctx.stop_mask)
@@ -210,7 +211,7 @@ def step_noise(ctx: StepContext, seq: SequenceState, tree: Tree, vocab_size: int
 
 
 def commit_step(
-    ctx: StepContext, seq: SequenceState, tree: Tree, logits: torch.Tensor, grown: Tree | None = None
+    ctx: StepContext, seq: SequenceState, tree: Tree, logits: torch.Tensor, grown: SearchTree | None = None
 ) -> list[int]:
     """Verify the scored tree (logits: [n, vocab]), keep the accepted path's KV in both caches, and
     append the step's tokens (accepted path + bonus) to `seq`; returns them. With `grown` (the tree's

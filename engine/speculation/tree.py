@@ -161,21 +161,3 @@ def keep_nodes(tree: Tree, nodes: torch.Tensor) -> Tree:
         child_ids=None if tree.child_ids is None else tree.child_ids[nodes],
         extension_forwards=tree.extension_forwards,
     )
-
-
-def subtree(tree: Tree, node: int) -> Tree:
-    """The subtree under `node`, re-rooted there: depths and scores relative to it (index order, hence
-    score order and parents before children, is kept). Drops draft_probs and grammar masks."""
-    nodes = tree.ancestors[:, node].nonzero().squeeze(1)  # [m] node and its descendants, ascending
-    sub = keep_nodes(tree, nodes)
-    sub.parents[0] = -1
-    sub.depths -= sub.depths[0].clone()
-    sub.scores -= sub.scores[0].clone()
-    return sub
-
-
-def trim(tree: Tree, max_nodes: int, max_depth: int) -> Tree:
-    """The first `max_nodes` nodes no deeper than `max_depth` (an index prefix of an ancestor-closed set
-    stays closed under ancestors)."""
-    shallow = (tree.depths <= max_depth).nonzero().squeeze(1)[:max_nodes]
-    return tree if shallow.shape[0] == tree.num_nodes else keep_nodes(tree, shallow)

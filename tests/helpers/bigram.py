@@ -37,7 +37,7 @@ def bigram_tree(
 
     tree = root_tree(root, 0, torch.device("cpu"))
     root_log_probs = draft_log_probs(table[[root]], params, spec.greedy_tree_temperature)
-    return run_growth(None, search_from_root(tree, root_log_probs, expand, spec, limits, lambda: 10**6, mask))
+    return run_growth(None, search_from_root(tree, root_log_probs, expand, spec, limits, lambda: 10**6, mask)).tree()
 
 
 class BigramDrafter:

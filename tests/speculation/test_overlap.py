@@ -19,7 +19,7 @@ from engine.runtime import Engine
 from engine.speculation.drafter import Drafter, GrowLimits
 from engine.speculation.search_tree import SearchTree
 from engine.speculation.specexec_growth import reoffer
-from engine.speculation.tree import Tree, find_node, subtree, trim
+from engine.speculation.tree import Tree, find_node
 from engine.types import Request, SamplingParams
 from tests.helpers.offload_passes import reference_greedy
 from tests.helpers.tiny_models import make_tiny_pair
@@ -160,7 +160,7 @@ def test_a_seeds_draft_kv_is_what_the_draft_computes_for_its_paths(same_pair, mo
         tree = adopt(self, tree)
         prefix_len = self.cache.length
         committed = self.cache.keys[0, :, :prefix_len]  # [kv_heads, prefix, head_dim]
-        slots, tokens, ancestors = tree.draft_slots.tolist(), tree.token_ids, tree.ancestors
+        slots, tokens, ancestors = tree.draft_slots.tolist(), tree.token_ids, tree.tree().ancestors  # a SearchTree
         for node in [n for n, s in enumerate(slots) if s >= 0][:6]:
             path = tokens[ancestors[node].nonzero().squeeze(1)].tolist()
             ids = torch.tensor([context[:prefix_len] + path])
@@ -202,12 +202,16 @@ def hand_tree() -> Tree:
 def test_find_node_subtree_and_trim() -> None:
     tree = hand_tree()
     assert find_node(tree, [1, 3]) == 3 and find_node(tree, [2]) == 2 and find_node(tree, [1, 4]) is None
-    sub = subtree(tree, 1)  # a, c, e re-rooted at a
+    search = SearchTree.of(tree, max_depth=4)
+    sub = search.subtree(1, depth=1)  # a, c, e re-rooted at a
     assert sub.token_ids.tolist() == [1, 3, 5] and sub.parents.tolist() == [-1, 0, 1]
     assert sub.depths.tolist() == [0, 1, 2] and torch.allclose(sub.scores, torch.tensor([0.0, -0.2, -0.5]))
-    assert sub.draft_slots.tolist() == [11, 12, -1] and sub.ancestors.tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
-    assert trim(tree, 4, 1).token_ids.tolist() == [9, 1, 2]
-    assert trim(tree, 3, 3).token_ids.tolist() == [9, 1, 2]
+    assert sub.draft_slots.tolist() == [11, 12, -1] and sub.expanded.tolist() == [True, True, False]
+    assert sub.paths.tolist() == [[0, -1, -1, -1, -1], [0, 1, -1, -1, -1], [0, 1, 2, -1, -1]]
+    assert sub.tree().ancestors.tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert search.subtree(3, depth=2).token_ids.tolist() == [3, 5]
+    assert search.trim(4, 1).token_ids.tolist() == [9, 1, 2]
+    assert search.trim(3, 3).token_ids.tolist() == [9, 1, 2]
 
 
 def test_reoffer_adds_dropped_proposals_once() -> None:
