@@ -106,7 +106,7 @@ class Drafter:
         slots = tree.draft_slots[path]
         self.cache.commit(slots[slots >= 0])
 
-    def adopt(self, tree: Tree) -> Tree:
+    def adopt(self, tree: SearchTree) -> SearchTree:
         """A tree grown in earlier steps (a seed, rooted at the last committed token, its root expanded):
         its expanded nodes' KV moves to the slots right after the committed prefix, in node order (the
         root at cache.length, where a fresh root would be). Returns the tree with those slots."""
