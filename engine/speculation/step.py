@@ -110,13 +110,23 @@ def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
                                seed, SEEDED_FORWARDS)
         tree = yield from growth
         if seq.prediction is not None and tree.draft_probs is None and tree.proposals is None:  # SpecExec trees
-            chain = seq.prediction.chain(min(ctx.budget // PREDICTION_SHARE, max_depth))
+            chain = seq.prediction.chain(min(ctx.budget // PREDICTION_SHARE, chain_depth(ctx, seq, max_depth)))
             if chain:
                 tree = graft_chain(tree, chain, ctx.budget + 1)
         tree = tree.to(ctx.target_cache.device)  # SpecExec trees may grow on the host (Drafter.tree_device)
     if grammar is not None:
         tree.allowed = grammar.bitmask(tree)
     return tree
+
+
+def chain_depth(ctx: StepContext, seq: SequenceState, max_depth: int) -> int:
+    """The longest predicted chain a tree may hold: greedy, what the request may still emit, past --max-depth (a
+    chain costs no draft forward). Sampled requests stop at max_depth (sample-and-match draws a noise row of the
+    vocabulary per depth), and so do hybrid drafts (their caches keep linear-attention rows for a catch-up of
+    max_depth + 1 tokens: memory_plan.pending_slots)."""
+    if not seq.params.greedy or any(ctx.drafter.runner.linear_layers):
+        return max_depth
+    return max(max_depth, remaining_tokens(ctx, seq) - 1)
 
 
 def can_extend(ctx: StepContext, tree: Tree) -> bool:
@@ -203,11 +213,13 @@ def step_depth(ctx: StepContext, seq: SequenceState) -> int:
 
 
 def step_noise(ctx: StepContext, seq: SequenceState, tree: Tree, vocab_size: int) -> torch.Tensor | None:
-    """Sample-and-match noise keyed by (seed, position): None for greedy, SpecInfer and RRS trees."""
+    """Sample-and-match noise keyed by (seed, position): None for greedy, SpecInfer and RRS trees. Rows for
+    every depth the tree may hold: the step's, and a predicted chain's below a node at most that deep."""
     if seq.params.greedy or tree.draft_probs is not None or tree.proposals is not None:
         return None
     seed = seq.generator.initial_seed()
-    return position_noise(seed, len(seq.token_ids), step_depth(ctx, seq) + 1, vocab_size, ctx.target_cache.device)
+    depths = step_depth(ctx, seq) + tree.predicted + 1
+    return position_noise(seed, len(seq.token_ids), depths, vocab_size, ctx.target_cache.device)
 
 
 def commit_step(

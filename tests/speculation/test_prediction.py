@@ -164,3 +164,15 @@ def test_under_a_grammar_a_prediction_changes_nothing(tmp_path, monkeypatch) -> 
         grafted.clear()
         assert generate(base, prediction)[0] == answer
         assert grafted and (prediction is answer or sum(grafted) > 0)
+
+
+def test_greedy_chains_reach_past_the_depth_cap(tmp_path) -> None:
+    """The answer as its own prediction, budget 64 and max_depth 6: chains of up to 32 tokens a pass (half
+    the budget), not 6, and the plain loop's tokens."""
+    prompt = [5, 6, 7, 8, 9]
+    params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+    _, _, reference = run(tmp_path / "a", [prompt], params, [None])
+    answer = plain_loop(reference, prompt, params, TOKENS)
+    predicted, steps, _ = run(tmp_path / "b", [prompt], params, [answer], budget=64)
+    assert predicted["r0"] == answer
+    assert steps <= 3, steps  # the prompt's step, then the 24 tokens in one or two passes (6 + 1 a pass: 4)
