@@ -15,6 +15,7 @@ import statistics
 
 import torch
 
+from bench import module_main
 from bench.prompts import encode_prompt, select_prompts
 from engine.cli import DEFAULT_MODELS
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
@@ -84,6 +85,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m bench.prediction", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    raise SystemExit(run(parser.parse_args()))
+    module_main("bench.prediction", __doc__, add_arguments, run)

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from bench import module_main
 from bench.offload import load_unmapped
 from bench.prompts import encode_prompt, select_prompts
 from engine.cli import DEFAULT_MODELS
@@ -156,6 +157,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m bench.small_pass", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    raise SystemExit(run(parser.parse_args()))
+    module_main("bench.small_pass", __doc__, add_arguments, run)
