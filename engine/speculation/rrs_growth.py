@@ -25,7 +25,7 @@ import torch
 from engine.speculation.drafter import Drafter, GrowLimits, Growth, MaskFn, restrict
 from engine.speculation.rrs_shape import TreeShape
 from engine.speculation.sampling import process_logits
-from engine.speculation.tree import Proposals, Tree
+from engine.speculation.tree import Proposals, Tree, renumbered, renumbering
 from engine.types import SamplingParams
 
 # q's support per node: the draft's top tokens kept (the rest of its mass dropped, q renormalised).
@@ -122,9 +122,7 @@ class Candidates:
     def tree(self, chosen: torch.Tensor, with_proposals: bool = False) -> Tree:
         """The tree of candidates `chosen` ([n], parents before children, closed under parents)."""
         num = chosen.shape[0]
-        index = torch.full_like(self.parents, -1)
-        index[chosen] = torch.arange(num, device=chosen.device)
-        parents = torch.where(self.parents[chosen] >= 0, index[self.parents[chosen].clamp(min=0)], -1)
+        parents = renumbered(self.parents[chosen], renumbering(chosen, self.parents.shape[0]))
         depths = self.depths[chosen]
         ancestors = torch.eye(num, dtype=torch.bool, device=chosen.device)
         for depth in range(1, int(depths.max()) + 1 if num > 1 else 1):  # parents' rows are final first

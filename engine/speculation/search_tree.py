@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.speculation.tree import Tree
+from engine.speculation.tree import Tree, renumbered, renumbering
 
 
 @dataclass
@@ -72,15 +72,13 @@ class SearchTree:
 
     def keep(self, nodes: torch.Tensor) -> SearchTree:
         """The tree restricted to `nodes` ([m] ascending indices, closed under ancestors, the root first)."""
-        new_index = torch.full((self.num_nodes,), -1, dtype=torch.long, device=nodes.device)
-        new_index[nodes] = torch.arange(nodes.shape[0], device=nodes.device)
-        parents, paths = self.parents[nodes], self.paths[nodes]
+        new_index = renumbering(nodes, self.num_nodes)
         return SearchTree(
             token_ids=self.token_ids[nodes],
-            parents=torch.where(parents >= 0, new_index[parents.clamp(min=0)], parents),
+            parents=renumbered(self.parents[nodes], new_index),
             depths=self.depths[nodes],
             scores=self.scores[nodes],
-            paths=torch.where(paths >= 0, new_index[paths.clamp(min=0)], paths),
+            paths=renumbered(self.paths[nodes], new_index),
             draft_slots=self.draft_slots[nodes],
             expanded=self.expanded[nodes],
             child_lp=None if self.child_lp is None else self.child_lp[nodes],
@@ -153,16 +151,13 @@ def add_best_children(
     # Stable sort: a parent (lower index, score >= child's) always precedes its children, so
     # every prefix of `order` is closed under ancestors.
     order = torch.sort(scores, descending=True, stable=True).indices[: budget + 1]
-    new_index = torch.full_like(scores, -1, dtype=torch.long)
-    new_index[order] = torch.arange(order.shape[0], device=order.device)
-    all_parents = torch.cat([tree.parents, child_parents])[order]
-    all_paths = torch.cat([tree.paths, child_paths])[order]
+    new_index = renumbering(order, scores.shape[0])
     return SearchTree(
         token_ids=torch.cat([tree.token_ids, child_ids])[order],
-        parents=torch.where(all_parents >= 0, new_index[all_parents.clamp(min=0)], all_parents),
+        parents=renumbered(torch.cat([tree.parents, child_parents])[order], new_index),
         depths=torch.cat([tree.depths, child_depths])[order],
         scores=scores[order],
-        paths=torch.where(all_paths >= 0, new_index[all_paths.clamp(min=0)], all_paths),
+        paths=renumbered(torch.cat([tree.paths, child_paths])[order], new_index),
         draft_slots=torch.cat([tree.draft_slots, tree.draft_slots.new_full((num_new,), -1)])[order],
         expanded=torch.cat([tree.expanded, tree.expanded.new_zeros(num_new)])[order],
         child_lp=torch.cat([stored_lp, stored_lp.new_full((num_new, width), float("-inf"))])[order],

@@ -145,14 +145,23 @@ def find_node(tree: Tree, token_ids: list[int]) -> int | None:
     return path[-1] if len(path) == len(token_ids) + 1 else None
 
 
+def renumbering(kept: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """[num_nodes] long: each node's index among `kept` ([m], in their new order), -1 for nodes not kept."""
+    new_index = torch.full((num_nodes,), -1, dtype=torch.long, device=kept.device)
+    new_index[kept] = torch.arange(kept.shape[0], device=kept.device)
+    return new_index
+
+
+def renumbered(node_refs: torch.Tensor, new_index: torch.Tensor) -> torch.Tensor:
+    """Node indices (any shape; -1: none) through `renumbering`'s map; -1 stays -1."""
+    return torch.where(node_refs >= 0, new_index[node_refs.clamp(min=0)], node_refs)
+
+
 def keep_nodes(tree: Tree, nodes: torch.Tensor) -> Tree:
     """The tree restricted to `nodes` ([m] ascending indices, closed under ancestors, the root first)."""
-    new_index = torch.full((tree.num_nodes,), -1, dtype=torch.long, device=nodes.device)
-    new_index[nodes] = torch.arange(nodes.shape[0], device=nodes.device)
-    parents = tree.parents[nodes]
     return Tree(
         token_ids=tree.token_ids[nodes],
-        parents=torch.where(parents >= 0, new_index[parents.clamp(min=0)], parents),
+        parents=renumbered(tree.parents[nodes], renumbering(nodes, tree.num_nodes)),
         depths=tree.depths[nodes],
         scores=tree.scores[nodes],
         ancestors=tree.ancestors[nodes][:, nodes],
