@@ -43,8 +43,10 @@ def prompt(ctx: CheckContext, length: int, salt: int) -> list[int]:
     return torch.randint(3, ctx.plan.full.vocab_size, (length,), generator=generator).tolist()
 
 
-def run_steps(engine: Engine, requests: list[Request], warmup: int, measured: int) -> list[PassStats]:
-    """Add the requests, run warmup + measured steps, abort them; the measured steps' stats."""
+def run_steps(engine: Engine, requests: list[Request], warmup: int, measured: int,
+              tokens: dict[str, list[int]] | None = None) -> list[PassStats]:
+    """Add the requests, run warmup + measured steps, abort them; the measured steps' stats, and with `tokens`
+    every request's emitted tokens by request id."""
     for request in requests:
         engine.add_request(request)
     stats: list[PassStats] = []
@@ -53,6 +55,8 @@ def run_steps(engine: Engine, requests: list[Request], warmup: int, measured: in
             output = engine.step()
             if output.failures:
                 raise RuntimeError(f"a request failed: {output.failures[0][1]}")
+            for delta in output.deltas if tokens is not None else ():
+                tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
             if step >= warmup and output.stats is not None:
                 stats.append(output.stats)
     finally:

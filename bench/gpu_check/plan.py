@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.config import EXTENSION_FACTOR
+
 
 @dataclass(frozen=True)
 class DraftVariant:
@@ -12,7 +14,7 @@ class DraftVariant:
     name: str  # the rows' label
     graphs: bool = True  # its forwards as CUDA graphs (--draft-graphs)
     host_trees: bool = False  # SpecExec trees grown on the host (--host-trees)
-    extension_factor: int = 2  # overlap extensions grow to this many times the budget (--extension-factor)
+    extension_factor: int = EXTENSION_FACTOR  # overlap extensions grow to this many times the budget
 
 
 @dataclass(frozen=True)
