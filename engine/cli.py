@@ -54,6 +54,8 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                        "(one launch for a forward's ~1,000 kernels); auto (default): on for CUDA, off on a CPU"),
     "--host-trees": ("speculation", "host_trees", "on_off", "on: SpecExec trees grow on the host while the draft "
                      "runs on a GPU (fewer device launches a draft forward); off (default)"),
+    "--forest": ("speculation", "forest", "on_off", "on (default): the SpecExec trees of a step's requests grow as "
+                 "one forest (one set of small ops a draft forward for all); off: one growth per tree"),
     "--extension-factor": ("speculation", "extension_factor", int, "overlap: a tree grows on during its pass "
                            "to this many times the budget (its subtree seeds the next tree)"),
     "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),
@@ -73,7 +75,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
 }
 CHOICES = {"--dtype": ("auto", "float32", "float16", "bfloat16"), "--method": ("specexec", "specinfer", "rrs", "autoregressive"),
            "--offload-source": ("ram", "disk"), "--overlap": ("auto", "on", "off"),
-           "--draft-graphs": ("auto", "on", "off"), "--host-trees": ("on", "off"),
+           "--draft-graphs": ("auto", "on", "off"), "--host-trees": ("on", "off"), "--forest": ("on", "off"),
            "--gptq-kernel": ("auto", "int4", "dequantize")}
 
 

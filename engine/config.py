@@ -101,6 +101,10 @@ class SpeculationConfig:
     # larger part of a four-stream draft phase with graphs: docs/bench/gpu.md). Off unless asked for until a GPU
     # run measures it; no effect with a CPU draft
     host_trees: bool = False
+    # the SpecExec trees of a step's requests (no grammar) grow as one forest: each draft forward's selection,
+    # inputs and add-children run once for all of them (engine.speculation.forest_growth), not once per tree;
+    # off: one growth per tree (for comparison)
+    forest: bool = True
     # overlap: a tree grows on during its pass to this many times the step's budget (its extension; its subtree
     # under the step's outcome seeds the next tree): a larger extension leaves fewer draft forwards before the
     # next pass (docs/bench/overlap.md, "Extension budget")
@@ -154,6 +158,7 @@ class SpeculationConfig:
         require(self.draft_graphs in (True, False, "auto"), "speculation.draft_graphs",
                 f"must be on, off or auto, got {self.draft_graphs!r}")
         require(self.host_trees in (True, False), "speculation.host_trees", f"must be on or off, got {self.host_trees!r}")
+        require(self.forest in (True, False), "speculation.forest", f"must be on or off, got {self.forest!r}")
         require(isinstance(self.extension_factor, int) and self.extension_factor >= 1, "speculation.extension_factor",
                 f"must be an integer >= 1, got {self.extension_factor!r}")
         require(

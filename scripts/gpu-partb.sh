@@ -6,7 +6,8 @@
 #   bash scripts/gpu-partb.sh 2 "$OUT"   # the sections the round changed: build, steps, serving (~2 min)
 #   bash scripts/gpu-partb.sh 3 "$OUT"   # the draft's tree forward alone: eager vs compiled layers (~1-2 min)
 #   bash scripts/gpu-partb.sh 4 "$OUT"   # the draft's forwards as CUDA graphs: cuda tests, the draft forward,
-#                                        # the draft phase with trees on the device and on the host (growth),
+#                                        # the draft phase with trees on the device and on the host, per tree
+#                                        # or as a forest (growth),
 #                                        # then the full shape per draft variant: graphs, 8x extensions, host
 #                                        # trees (bench/gpu_check/plan.py FullShape.variants; ~6-9 min)
 # Stage 1 runs the full shape with the int4 dequantization compiled into one kernel per shape
@@ -22,7 +23,8 @@ case "$stage" in
   1)
     git log --oneline -1 > "$out/commit.txt" 2>/dev/null
     timeout 100 python3 -m pytest -q -p no:cacheprovider -m cuda -rs tests/model tests/offload \
-        tests/speculation/test_overlap.py tests/speculation/test_step_timing.py tests/speculation/test_host_trees.py > "$out/cuda-tests.log" 2>&1
+        tests/speculation/test_overlap.py tests/speculation/test_step_timing.py tests/speculation/test_host_trees.py \
+        tests/speculation/test_forest.py > "$out/cuda-tests.log" 2>&1
     tail -3 "$out/cuda-tests.log"
     SPECEXEC_INT4_DEQUANT=compiled timeout 280 bash scripts/gpu-check.sh --out "$out/fullshape.md" \
         --work-dir /tmp/gpucheck --sections header,fullshape > "$out/fullshape.log" 2>&1
@@ -41,7 +43,8 @@ case "$stage" in
   4)
     git log --oneline -1 > "$out/commit.txt" 2>/dev/null
     timeout 90 python3 -m pytest -q -p no:cacheprovider -m cuda -rs tests/model tests/offload \
-        tests/speculation/test_overlap.py tests/speculation/test_step_timing.py tests/speculation/test_host_trees.py > "$out/cuda-tests.log" 2>&1
+        tests/speculation/test_overlap.py tests/speculation/test_step_timing.py tests/speculation/test_host_trees.py \
+        tests/speculation/test_forest.py > "$out/cuda-tests.log" 2>&1
     tail -3 "$out/cuda-tests.log"
     timeout 150 bash scripts/gpu-check.sh --out "$out/draftpass.md" --work-dir /tmp/gpucheck \
         --sections header,draftpass,growth > "$out/draftpass.log" 2>&1

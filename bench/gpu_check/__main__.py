@@ -34,7 +34,8 @@ SECTIONS = {
                   "fullshape:fullshape_section"),
     "draftpass": ("The draft's tree forward alone: host vs device time, 1 and 4 segments, compiled layers",
                   "draftpass:draftpass_section"),
-    "growth": ("Draft phase: SpecExec trees grown on the device or on the host (--host-trees)", "growth:growth_section"),
+    "growth": ("Draft phase: SpecExec trees grown on the device or the host (--host-trees), per tree or as a forest",
+               "growth:growth_section"),
 }
 NEEDS_BUILD = ("copy", "equality", "overlap", "steps", "disk")
 

@@ -1,11 +1,13 @@
 """The growth section: the draft phase of engine steps with SpecExec trees grown on the device or on the host
-(--host-trees), the draft's forwards as CUDA graphs (on a CPU: the same static pass, uncaptured).
+(--host-trees), one growth per tree or several streams' trees as one forest (--forest), the draft's forwards as
+CUDA graphs (on a CPU: the same static pass, uncaptured).
 
 The pair is two copies of the full shape's 1B-shaped draft, resident (the target's pass is not what this
 measures: overlap is off, and the draft phase, `draft_seconds`, is the growth's forwards and its own tensor
-work between them). Per budget x streams x where the trees grow: draft ms a step (median), draft forwards a
-step, ms a forward, tokens a step; and whether every stream's greedy tokens are the same both ways (they
-must be: where a tree grows changes nothing it holds)."""
+work between them). Per budget x streams x how the trees grow (on the device, one growth each; with several
+streams, as a forest; as a forest on the host): draft ms a step (median), draft forwards a step, ms a forward,
+tokens a step, draft ms against one growth per tree on the device; and whether every stream's greedy tokens
+are the same every way (they must be: how a tree grows changes nothing it holds)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class GrowthRow:
     budget: int
     streams: int
     host_trees: bool
+    forest: bool  # several streams' trees as one forest (a lone tree grows on its own either way)
     stats: list[PassStats]
     tokens: list[list[int]]  # every stream's emitted tokens, in stream order
 
@@ -38,14 +41,20 @@ class GrowthRow:
         return statistics.median(getattr(s, field) for s in self.stats)
 
 
-def growth_row(ctx: CheckContext, base: Engine, budget: int, streams: int, host_trees: bool) -> GrowthRow:
-    engine = base.with_speculation(dataclasses.replace(base.config.speculation, budget=budget, host_trees=host_trees))
+def growth_row(ctx: CheckContext, base: Engine, budget: int, streams: int, host_trees: bool, forest: bool) -> GrowthRow:
+    engine = base.with_speculation(dataclasses.replace(base.config.speculation, budget=budget, host_trees=host_trees,
+                                                       forest=forest))
     full = ctx.plan.full
-    requests = [Request(f"b{budget}-s{streams}-h{int(host_trees)}-{i}", prompt(ctx, full.prompt_len, i),
+    requests = [Request(f"b{budget}-s{streams}-h{int(host_trees)}f{int(forest)}-{i}", prompt(ctx, full.prompt_len, i),
                         greedy(full.max_context // 2)) for i in range(streams)]
     emitted: dict[str, list[int]] = {}
     stats = run_steps(engine, requests, full.warmup_steps, MEASURED, emitted)
-    return GrowthRow(budget, streams, host_trees, stats, [emitted.get(r.request_id, []) for r in requests])
+    return GrowthRow(budget, streams, host_trees, forest, stats, [emitted.get(r.request_id, []) for r in requests])
+
+
+def ways(streams: int) -> list[tuple[bool, bool]]:
+    """(host trees, forest) of a growth row: the baseline (device, one growth per tree) first."""
+    return [(False, False), (False, True), (True, True)] if streams > 1 else [(False, False), (True, False)]
 
 
 def growth_section(ctx: CheckContext) -> None:
@@ -65,8 +74,8 @@ def growth_section(ctx: CheckContext) -> None:
     engine = Engine(pair, config)
     try:
         engine.reserve_memory()
-        rows = [growth_row(ctx, engine, budget, streams, host) for budget in full.budgets for streams in full.streams
-                for host in (False, True)]
+        rows = [growth_row(ctx, engine, budget, streams, host, forest) for budget in full.budgets
+                for streams in full.streams for host, forest in ways(streams)]
     finally:
         engine.close()
     print_growth(ctx, rows)
@@ -77,17 +86,18 @@ def print_growth(ctx: CheckContext, rows: list[GrowthRow]) -> None:
     report.line(f"Target and draft: the full shape's draft ({full.draft_layers} Llama layers, hidden "
                 f"{full.draft_hidden}, {ctx.dtype}), resident, overlap off, the draft's forwards as graphs; greedy; "
                 f"median of {MEASURED} steps after {full.warmup_steps}.")
-    report.table("budget", "streams", "trees on", "draft ms / step", "draft forwards / step", "ms / forward",
-                 "tokens / step", "host / device draft ms", "same tokens")
-    by_key = {(r.budget, r.streams, r.host_trees): r for r in rows}
+    report.table("budget", "streams", "trees grow", "draft ms / step", "draft forwards / step", "ms / forward",
+                 "tokens / step", "draft ms vs per tree on the device", "same tokens")
+    by_key = {(r.budget, r.streams, r.host_trees, r.forest): r for r in rows}
     for r in rows:
         draft_ms = r.median("draft_seconds") * 1e3
         forwards = r.median("draft_forwards")
-        device = by_key[(r.budget, r.streams, False)]
-        same = r.tokens == device.tokens and all(r.tokens)  # every stream emitted something, the same
+        base = by_key[(r.budget, r.streams, False, False)]
+        same = r.tokens == base.tokens and all(r.tokens)  # every stream emitted something, the same
+        way = ("on the host" if r.host_trees else "on the device") + (", forest" if r.forest else ", per tree")
         if not same:
-            report.mismatch(f"growth: budget {r.budget}, {r.streams} streams: the host trees' tokens differ")
-        ratio = draft_ms / (device.median("draft_seconds") * 1e3)
-        report.row(r.budget, r.streams, "host" if r.host_trees else "device", f"{draft_ms:.1f}", f"{forwards:.1f}",
+            report.mismatch(f"growth: budget {r.budget}, {r.streams} streams, trees {way}: the tokens differ")
+        ratio = draft_ms / (base.median("draft_seconds") * 1e3)
+        report.row(r.budget, r.streams, way, f"{draft_ms:.1f}", f"{forwards:.1f}",
                    f"{draft_ms / max(forwards, 1):.2f}", f"{sum(s.num_emitted for s in r.stats) / len(r.stats):.1f}",
-                   f"{ratio:.2f}x" if r.host_trees else "", "yes" if same else "NO")
+                   f"{ratio:.2f}x" if r is not base else "", "yes" if same else "NO")

@@ -24,11 +24,14 @@ from engine.speculation.overlap import BackgroundPass
 from engine.speculation.search_tree import SearchTree
 from engine.speculation.step import (
     PREFILL_CHUNK,
+    ForestGrowth,
     SequenceState,
     StepContext,
     can_extend,
     commit_step,
     extension_growth,
+    forest_growth,
+    in_forest,
     prefill,
     step_depth,
     tree_growth,
@@ -100,23 +103,54 @@ def pass_groups(items: list[BatchItem], trees: list[Tree | None]) -> list[list[S
 
 
 def grow_trees(items: list[BatchItem], forwards: Extended) -> list[Tree | None | Exception]:
-    """Each item's draft prefill slice, then its tree (None while it only prefills), grown in lockstep;
-    `forwards` counts the draft passes of the growth."""
+    """Each item's draft prefill slice, then its tree (None while it only prefills), grown in lockstep:
+    SpecExec trees without a grammar as one forest per draft runner when there are two or more
+    (step.in_forest), the others one growth each. If a forest's growth fails, its trees grow again one
+    growth each, so that only the failing request fails. `forwards` counts the draft passes of the growth."""
     outcomes: list[Tree | None | Exception] = [None] * len(items)
-    growths: list[tuple[int, DecoderRunner, Growth]] = []
+    planned: list[Planned] = []
+    forests: dict[int, list[int]] = {}  # id(draft runner) -> the items whose trees grow in its forest
     for index, item in enumerate(items):
         ctx, seq = item.ctx, item.seq
         try:
             if item.draft_prefill_ids:
                 prefill(ctx.drafter.runner, ctx.drafter.cache, item.draft_prefill_ids)
-            if item.decode:
-                growths.append((index, ctx.drafter.runner, tree_growth(ctx, seq, step_depth(ctx, seq))))
+            if item.decode and in_forest(ctx, seq, step_depth(ctx, seq)):
+                forests.setdefault(id(ctx.drafter.runner), []).append(index)
+            elif item.decode:
+                planned.append(own_growth(items, index))
         except Exception as exc:
             outcomes[index] = request_error(exc)
-    trees = run_growths([(runner, growth) for _, runner, growth in growths], on_pass=forwards.count)
-    for (index, _, _), tree in zip(growths, trees, strict=True):
-        outcomes[index] = tree
+    for members in forests.values():  # a lone tree grows on its own (fewer ops so)
+        parts = [(items[i].ctx, items[i].seq, step_depth(items[i].ctx, items[i].seq)) for i in members]
+        planned.append((members, items[members[0]].ctx.drafter.runner, forest_growth(parts)) if len(members) > 1
+                       else own_growth(items, members[0]))
+    failed = grow_into(outcomes, planned, forwards)
+    grow_into(outcomes, [own_growth(items, index) for index in failed], forwards)
     return outcomes
+
+
+# the items a growth grows the trees of, their draft runner, and the growth: one tree's, or a forest's
+Planned = tuple[list[int], DecoderRunner, Growth | ForestGrowth]
+
+
+def own_growth(items: list[BatchItem], index: int) -> Planned:
+    ctx, seq = items[index].ctx, items[index].seq
+    return [index], ctx.drafter.runner, tree_growth(ctx, seq, step_depth(ctx, seq))
+
+
+def grow_into(outcomes: list[Tree | None | Exception], planned: list[Planned], forwards: Extended) -> list[int]:
+    """Run the planned growths in lockstep, each tree (or a tree's error) into its item's outcome; returns the
+    items of the forests whose growth failed, their outcomes not set."""
+    failed = []
+    for (members, _, _), grown in zip(planned, run_growths([(r, g) for _, r, g in planned], forwards.count),
+                                      strict=True):
+        if isinstance(grown, Exception) and len(members) > 1:
+            failed += members
+            continue
+        for index, tree in zip(members, grown if isinstance(grown, list) else [grown], strict=True):
+            outcomes[index] = tree
+    return failed
 
 
 def score_trees(

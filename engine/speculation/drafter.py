@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 MaskFn = Callable[["Tree | SearchTree", torch.Tensor], torch.Tensor]
 # a tree's growth: yields each draft forward (one Segment), is sent its [rows, vocab] logits, returns the tree
 Growth = Generator[Segment, torch.Tensor, Tree]
+T = TypeVar("T")
 
 
 @dataclass
@@ -138,23 +139,24 @@ def root_tree(root_id: int, root_slot: int, device: torch.device) -> Tree:
     return tree
 
 def run_growths(
-    growths: list[tuple[DecoderRunner | None, Growth]], on_pass: Callable[[], None] | None = None
-) -> list[Tree | Exception]:
-    """Advance every (runner, growth) in lockstep; returns their trees. Each round, the forwards the
-    growths ask for run as one draft pass per runner, one segment each over its own cache (dense work
-    shared, attention per segment). A growth that asks for none (runner may then be None) just returns.
+    growths: list[tuple[DecoderRunner | None, Generator[Any, Any, T]]], on_pass: Callable[[], None] | None = None
+) -> list[T | Exception]:
+    """Advance every (runner, growth) in lockstep; returns what each returns (a tree; a forest's growth: its
+    trees). Each round, the forwards the growths ask for (a Segment, sent its logits; a forest's growth: a
+    list of them, sent a list) run as one draft pass per runner, one segment each over its own cache (dense
+    work shared, attention per segment). A growth that asks for none (runner may then be None) just returns.
     A growth that raises ends with its exception in its place (a device fault is raised: the engine's);
     the others go on. A failing draft pass raises. `on_pass` is called after each draft pass."""
-    trees: list[Tree | Exception | None] = [None] * len(growths)
-    asks: dict[int, Segment] = {}
+    results: list[T | Exception | None] = [None] * len(growths)
+    asks: dict[int, Segment | list[Segment]] = {}
 
-    def advance(index: int, logits: torch.Tensor | None) -> None:
+    def advance(index: int, logits: torch.Tensor | list[torch.Tensor] | None) -> None:
         try:
-            asks[index] = growths[index][1].send(logits)  # type: ignore[arg-type]  # None starts it
+            asks[index] = growths[index][1].send(logits)  # None starts it
         except StopIteration as done:
-            trees[index] = done.value
+            results[index] = done.value
         except Exception as exc:
-            trees[index] = request_error(exc)
+            results[index] = request_error(exc)
 
     for index in range(len(growths)):
         advance(index, None)
@@ -163,13 +165,16 @@ def run_growths(
         for runner in {id(growths[i][0]): growths[i][0] for i in pending}.values():
             assert runner is not None, "a growth asked for a draft forward without a runner"
             mine = [i for i in pending if growths[i][0] is runner]
-            outputs = runner.forward_groups([[asks.pop(i) for i in mine]])[0]
+            asked = {i: asks.pop(i) for i in mine}
+            segments = {i: ask if isinstance(ask, list) else [ask] for i, ask in asked.items()}
+            outputs = iter(runner.forward_groups([[s for i in mine for s in segments[i]]])[0])
             if on_pass is not None:
                 on_pass()
-            for index, logits in zip(mine, outputs, strict=True):
-                advance(index, logits)
-    assert all(tree is not None for tree in trees)
-    return trees  # type: ignore[return-value]
+            for index in mine:
+                parts = [next(outputs) for _ in segments[index]]
+                advance(index, parts if isinstance(asked[index], list) else parts[0])
+    assert all(result is not None for result in results)
+    return results  # type: ignore[return-value]
 
 def run_growth(runner: DecoderRunner | None, growth: Growth) -> Tree:
     tree = run_growths([(runner, growth)])[0]

@@ -32,10 +32,14 @@ def draft_log_probs(
     `sampled_scale` when sampling; at `greedy_temperature` for greedy requests, where a node is accepted
     only if it is the target's argmax (verification is exact for any tree, so this only shapes the tree)."""
     logits = apply_logit_bias(logits, params.logit_bias)
-    temperature = greedy_temperature if params.greedy else params.temperature * sampled_scale
+    temperature = tree_temperature(params, greedy_temperature, sampled_scale)
     if temperature != 1.0:
         logits = logits / temperature
     return logits.log_softmax(dim=-1)
+
+def tree_temperature(params: SamplingParams, greedy_temperature: float, sampled_scale: float) -> float:
+    """The temperature of the draft's scoring distribution (draft_log_probs)."""
+    return greedy_temperature if params.greedy else params.temperature * sampled_scale
 
 def grow_tree(
     drafter: Drafter,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -10,9 +10,10 @@ import torch
 
 from engine.config import SpeculationConfig
 from engine.model.kv_cache import KVCache
-from engine.model.runner import DecoderRunner
+from engine.model.runner import DecoderRunner, Segment
 from engine.speculation.budget import acceptance_curve, node_indicator
 from engine.speculation.drafter import Drafter, GrowLimits, Growth
+from engine.speculation.forest_growth import TreeRequest, grow_forest
 from engine.speculation.logprobs import emitted_logprobs, unpack_logprobs
 from engine.speculation.overlap import SEEDED_FORWARDS, commit_draft, extension
 from engine.speculation.prediction import MATCH as PREDICTION_MATCH
@@ -108,15 +109,43 @@ def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
         else:
             growth = grow_tree(ctx.drafter, seq.root_id, pending, seq.params, ctx.spec, limits, mask,
                                seed, SEEDED_FORWARDS)
-        tree = yield from growth
-        if seq.prediction is not None and tree.draft_probs is None and tree.proposals is None:  # SpecExec trees
-            chain = seq.prediction.chain(min(ctx.budget // PREDICTION_SHARE, chain_depth(ctx, seq, max_depth)))
-            if chain:
-                tree = graft_chain(tree, chain, ctx.budget + 1)
-        tree = tree.to(ctx.target_cache.device)  # SpecExec trees may grow on the host (Drafter.tree_device)
+        tree = finished_tree(ctx, seq, (yield from growth), max_depth)
     if grammar is not None:
         tree.allowed = grammar.bitmask(tree)
     return tree
+
+
+def finished_tree(ctx: StepContext, seq: SequenceState, tree: Tree, max_depth: int) -> Tree:
+    """A grown tree as the target scores it: with the request's predicted chain (SpecExec trees), on the
+    target's device (SpecExec trees may grow on the host: Drafter.tree_device)."""
+    if seq.prediction is not None and tree.draft_probs is None and tree.proposals is None:  # SpecExec trees
+        chain = seq.prediction.chain(min(ctx.budget // PREDICTION_SHARE, chain_depth(ctx, seq, max_depth)))
+        if chain:
+            tree = graft_chain(tree, chain, ctx.budget + 1)
+    return tree.to(ctx.target_cache.device)
+
+
+def in_forest(ctx: StepContext, seq: SequenceState, max_depth: int) -> bool:
+    """Whether the step's tree grows in a forest (forest_growth): SpecExec trees without a grammar."""
+    return ctx.spec.forest and ctx.spec.method == "specexec" and seq.grammar is None and max_depth >= 1
+
+
+# the growth of several trees as one forest: yields each round's segments, is sent their logits, returns the trees
+ForestGrowth = Generator[list[Segment], list[torch.Tensor], list[Tree]]
+
+
+def forest_growth(parts: list[tuple[StepContext, SequenceState, int]]) -> ForestGrowth:
+    """The trees of `parts` ((ctx, seq, max_depth), each in_forest, their drafters on one runner) grown as
+    one forest; each as tree_growth would grow it (its seed too), in the parts' order."""
+    requests = []
+    for ctx, seq, max_depth in parts:
+        seed, ctx.seed = ctx.seed, None
+        pending = seq.token_ids[ctx.drafter.cache.length : len(seq.token_ids) - 1]
+        limits = GrowLimits(budget=ctx.budget, max_depth=max_depth, stop_mask=ctx.stop_mask)
+        requests.append(TreeRequest(ctx.drafter, seq.root_id, pending, seq.params, limits, seed))
+    grown = yield from grow_forest(requests, parts[0][0].spec, SEEDED_FORWARDS)
+    return [finished_tree(ctx, seq, tree.tree(), max_depth)
+            for (ctx, seq, max_depth), tree in zip(parts, grown, strict=True)]
 
 
 def chain_depth(ctx: StepContext, seq: SequenceState, max_depth: int) -> int:

@@ -1,0 +1,162 @@
+"""SpecExec trees of several requests grown as one forest (engine.speculation.forest): each round one
+selection, one set of draft inputs, one top-w and one add-children for every tree, and one draft pass with
+a segment per tree. Per tree the same search as specexec_growth.grow_tree (its nodes, scores and draft
+forwards; only ties between equal scores may order differently), without grammar masks.
+
+    fresh trees: catch up (one forward each, the root's log-probs); seeded trees: adopt + reoffer
+    forest = every tree padded to one row; the fresh roots' children added
+    rounds: select leaves -> their forward (a segment per tree) -> top-w -> add the best children
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import SpeculationConfig
+from engine.model.runner import Segment
+from engine.speculation.drafter import Drafter, GrowLimits, root_tree
+from engine.speculation.forest import (
+    Forest,
+    add_best_children,
+    assign_slots,
+    draft_inputs,
+    select_leaves,
+    selected_nodes,
+)
+from engine.speculation.sampling import apply_logit_bias
+from engine.speculation.search_tree import SearchTree
+from engine.speculation.specexec_growth import reoffer, tree_temperature
+from engine.types import SamplingParams
+
+# a forest's growth: yields each round's draft forwards (a segment per tree that asks for one), is sent their
+# logits in that order, returns the trees in the requests' order
+ForestGrowth = Generator[list[Segment], list[torch.Tensor], list[SearchTree]]
+
+
+@dataclass
+class TreeRequest:
+    """One tree of a forest: as specexec_growth.grow_tree's arguments (no grammar mask)."""
+
+    drafter: Drafter
+    root_id: int
+    pending_ids: list[int]
+    params: SamplingParams
+    limits: GrowLimits
+    seed: SearchTree | None = None  # the tree its extension grew during the last pass (overlap)
+
+
+def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_forwards: int) -> ForestGrowth:
+    """Every request's SpecExec tree, grown in lockstep as one forest. All drafters share one runner, and
+    their trees one device. A seeded tree gets the forwards grow_tree would give it, after the fresh trees'
+    catch-up round."""
+    trees: list[SearchTree | None] = [None] * len(requests)
+    forwards = [0] * len(requests)  # draft forwards each tree may still run
+    fresh = []
+    for index, request in enumerate(requests):
+        limits, seed = request.limits, request.seed
+        if seed is not None and not request.pending_ids:
+            tree = request.drafter.adopt(seed.trim(limits.budget + 1, limits.max_depth)).widened(limits.max_depth)
+            trees[index] = dataclasses.replace(reoffer(tree, spec, limits), extension_forwards=0)
+            forwards[index] = max(seeded_forwards, limits.max_depth - 1 - seed.extension_forwards)
+        else:
+            fresh.append(index)
+    root_logits = yield from catch_up([requests[index] for index in fresh])
+    for index in fresh:
+        drafter, limits = requests[index].drafter, requests[index].limits
+        trees[index] = SearchTree.of(root_tree(requests[index].root_id, drafter.cache.length, drafter.tree_device),
+                                     limits.max_depth)
+        forwards[index] = limits.max_depth - 1
+    width = min(spec.max_children, requests[0].drafter.runner.vocab_size)
+    max_budget = max(request.limits.budget for request in requests)
+    forest = Forest.of(trees, max_budget + 1, width)  # type: ignore[arg-type]  # every tree is set above
+    device = forest.scores.device
+    budgets = torch.tensor([[r.limits.budget] for r in requests], device=device)  # [S, 1]
+    cuts = None if all(r.limits.budget == max_budget for r in requests) else budgets  # add_best_children's
+    if fresh:  # the fresh roots' children (as specexec_growth.search_from_root)
+        roots = forest.parents.new_zeros((len(requests), 1))
+        counts = [1 if index in fresh else 0 for index in range(len(requests))]
+        valid = None if len(fresh) == len(requests) else torch.tensor(counts, device=device)[:, None] > 0
+        child_lp, child_ids = top_children(requests, root_logits, counts, spec, device)
+        forest = add_best_children(forest, roots, valid, child_lp, child_ids, spec.decay, cuts)
+    max_depths = torch.tensor([[r.limits.max_depth] for r in requests], device=device)
+    go_masks = ~torch.stack([r.limits.stop_mask for r in requests])
+    committed = torch.tensor([[r.drafter.cache.length] for r in requests], device=device)
+    next_slots = torch.tensor([[r.drafter.next_slot] for r in requests], device=device)
+    while True:
+        limits = [min(spec.max_expand, r.drafter.room()) if left > 0 else 0 for r, left in zip(requests, forwards, strict=True)]
+        limit: torch.Tensor | int = limits[0] if len(set(limits)) == 1 else torch.tensor(limits, device=device)[:, None]
+        selection, rank = select_leaves(forest, limit, budgets, max_depths, go_masks)
+        selected = selection.sum(1, keepdim=True)  # [S, 1]
+        counts = selected.flatten().tolist()  # the round's host sync
+        if not any(counts):
+            break
+        nodes = selected_nodes(selection, rank, max(counts))
+        valid = None if len(set(counts)) == 1 else torch.arange(nodes.shape[1], device=device) < selected
+        assign_slots(forest, selection, rank, next_slots)
+        starts = [r.drafter.next_slot for r in requests]
+        width_kv = max(start + count for start, count in zip(starts, counts, strict=True))
+        logits = yield segments(requests, draft_inputs(forest, nodes, committed, width_kv), starts, counts)
+        for index, (request, count) in enumerate(zip(requests, counts, strict=True)):
+            if count:
+                request.drafter.next_slot += count
+                forwards[index] -= 1
+        next_slots = next_slots + selected
+        child_lp, child_ids = top_children(requests, logits, counts, spec, device)
+        forest = add_best_children(forest, nodes, valid, child_lp, child_ids, spec.decay, cuts)
+    return forest.trees()
+
+
+def catch_up(requests: list[TreeRequest]) -> Generator[list[Segment], list[torch.Tensor], list[torch.Tensor]]:
+    """Each request's Drafter.catch_up in one round (none without requests): their roots' [1, vocab] logits."""
+    if not requests:
+        return []
+    forwards = [request.drafter.catch_up(request.pending_ids, request.root_id) for request in requests]
+    logits = yield [forward.send(None) for forward in forwards]  # type: ignore[arg-type]  # None starts it
+    roots = []
+    for forward, part in zip(forwards, logits, strict=True):
+        try:
+            forward.send(part)
+        except StopIteration as done:
+            roots.append(done.value)
+    return roots
+
+
+def segments(requests: list[TreeRequest], inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], starts: list[int],
+             counts: list[int]) -> list[Segment]:
+    """A draft forward's segment for each tree with selected nodes: its rows of the forest's inputs (ids,
+    positions [S, K]; masks [S, K, width]) on the draft's device, at slots from its next slot."""
+    device = requests[0].drafter.cache.device
+    ids, positions, masks = (tensor.to(device) for tensor in inputs)  # the host's with --host-trees
+    return [Segment(ids[s, :count], positions[s, :count], request.drafter.cache, start, masks[s, :count, : start + count])
+            for s, (request, start, count) in enumerate(zip(requests, starts, counts, strict=True)) if count]
+
+
+def top_children(requests: list[TreeRequest], logits: list[torch.Tensor], counts: list[int], spec: SpeculationConfig,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's logits of the trees with counts[s] > 0 ([counts[s], vocab] each, in order) -> their
+    rows' top-w children under each request's scoring distribution (specexec_growth.draft_log_probs), as
+    ([S, K, w] log-probs (-inf past a tree's count), [S, K, w] token ids) on `device`, K = max(counts)."""
+    asking = [(request, count) for request, count in zip(requests, counts, strict=True) if count]
+    parts = [apply_logit_bias(part, request.params.logit_bias) for (request, _), part in zip(asking, logits, strict=True)]
+    rows = requests[0].drafter.mask_vocab(parts[0] if len(parts) == 1 else torch.cat(parts))  # [sum(counts), vocab]
+    temperatures = [tree_temperature(request.params, spec.greedy_tree_temperature, spec.sampled_tree_temperature_scale)
+                    for request, _ in asking]
+    if len(set(temperatures)) > 1:  # each row at its tree's
+        rows = rows / torch.tensor([t for t, (_, count) in zip(temperatures, asking, strict=True) for _ in range(count)],
+                                   device=rows.device)[:, None]
+    elif temperatures[0] != 1.0:
+        rows = rows / temperatures[0]
+    child_lp, child_ids = rows.log_softmax(dim=-1).topk(min(spec.max_children, rows.shape[1]), dim=-1)
+    child_lp, child_ids = child_lp.to(device), child_ids.to(device)  # the tree's device (--host-trees: the host)
+    num_trees, num_selected, width = len(requests), max(counts), child_lp.shape[1]
+    if len(set(counts)) > 1:  # rows past a tree's count: a spare row of none
+        offsets = [sum(counts[:s]) for s in range(num_trees)]
+        index = torch.tensor([offsets[s] + j if j < counts[s] else child_lp.shape[0]
+                              for s in range(num_trees) for j in range(num_selected)], device=device)
+        child_lp = torch.nn.functional.pad(child_lp, (0, 0, 0, 1), value=float("-inf")).index_select(0, index)
+        child_ids = torch.nn.functional.pad(child_ids, (0, 0, 0, 1)).index_select(0, index)
+    return child_lp.view(num_trees, num_selected, width), child_ids.view(num_trees, num_selected, width)

@@ -1,0 +1,153 @@
+"""Several SpecExec trees grown as one forest (engine.speculation.forest_growth): each tree is the search
+specexec_growth.grow_tree makes of it alone (its own budget, depth, temperature, logit bias and stop
+tokens), an engine step with several requests grows them so with fewer tensor ops a draft forward, its
+output is transformers' greedy output, and a failing tree fails its request alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import engine.speculation.forest_growth as forest_module
+import engine.speculation.specexec_growth as specexec_module
+from bench.forest import run_together
+from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
+from engine.model.kv_cache import KVCache
+from engine.runtime import Engine
+from engine.speculation import batch as batch_module
+from engine.speculation.drafter import Drafter, GrowLimits, run_growths
+from engine.speculation.forest_growth import TreeRequest, grow_forest
+from engine.speculation.specexec_growth import grow_tree
+from engine.speculation.step import prefill
+from engine.types import Request, SamplingParams
+from tests.helpers.offload_passes import reference_greedy
+from tests.helpers.tiny_models import make_tiny_pair
+
+PROMPTS = [[5, 6, 7, 8], [40, 41, 42, 43, 44, 45], [90, 12], [130, 131, 132]]
+LENGTH = 16
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[str, str]:
+    target, draft = make_tiny_pair(tmp_path_factory.mktemp("pair"), arch="llama", draft="noisy", seed=7)
+    return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def references(pair) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32)
+    return [reference_greedy(model, prompt, LENGTH) for prompt in PROMPTS]
+
+
+def load(pair, **spec) -> Engine:
+    return Engine.load(EngineConfig(
+        model=ModelConfig(target=pair[0], draft=pair[1]),
+        speculation=SpeculationConfig(**{"budget": 24, "max_depth": 6, "max_expand": 8, "max_children": 4, **spec}),
+        limits=LimitsConfig(max_context=256),
+    ))
+
+
+def greedy(**fields) -> SamplingParams:
+    return SamplingParams(**{"temperature": 0.0, "max_tokens": LENGTH, "ignore_eos": True, **fields})
+
+
+def drafters(engine: Engine) -> list[Drafter]:
+    """A drafter per prompt over a fresh cache holding the prompt but its last token (the root)."""
+    runner = engine.pair.draft
+    out = []
+    for prompt in PROMPTS:
+        cache: KVCache = runner.new_cache(256)
+        prefill(runner, cache, prompt[:-1])
+        out.append(Drafter(runner, cache, engine.pair.target.vocab_size))
+    return out
+
+
+def test_each_tree_of_a_forest_is_its_own_search(pair) -> None:
+    """Budgets 8-40, depths 2-6, greedy and sampled, a logit bias and a stop token: the forest's trees are
+    grow_tree's, node for node (tokens, parents, scores, draft slots, proposals)."""
+    engine = load(pair)
+    spec = engine.config.speculation
+    vocab = engine.pair.draft.vocab_size
+    stop = torch.zeros(vocab, dtype=torch.bool)
+    params = [greedy(), SamplingParams(temperature=0.7, seed=1), greedy(logit_bias={9: 4.0, 10: -3.0}), greedy()]
+    limits = [GrowLimits(8, 2, stop), GrowLimits(40, 6, stop), GrowLimits(24, 5, stop), GrowLimits(16, 4, stop)]
+
+    def grown_alone() -> list:  # one growth per tree, in lockstep (the same draft passes as the forest's)
+        return run_growths([(d.runner, grow_tree(d, p[-1], [], q, spec, lim))
+                            for d, p, q, lim in zip(drafters(engine), PROMPTS, params, limits, strict=True)])
+
+    # the best child of tree 3's root becomes a stop token of its request: never expanded in either growth
+    stopped = stop.clone()
+    stopped[int(grown_alone()[3].token_ids[1])] = True
+    limits[3] = GrowLimits(16, 4, stopped)
+    alone = grown_alone()
+    requests = [TreeRequest(d, p[-1], [], q, lim) for d, p, q, lim in zip(drafters(engine), PROMPTS, params, limits,
+                                                                         strict=True)]
+    forest = run_growths([(engine.pair.draft, grow_forest(requests, spec, 2))])[0]
+    assert not isinstance(forest, Exception)
+    sizes = []
+    for own, grown in zip(alone, forest, strict=True):
+        tree = grown.tree()
+        sizes.append(tree.num_nodes)
+        for field in ("token_ids", "parents", "depths", "scores", "draft_slots", "child_lp", "child_ids", "ancestors"):
+            assert torch.equal(getattr(tree, field), getattr(own, field)), field
+    assert sizes == [9, 41, 25, 17]  # every budget filled, each its own
+    assert int(alone[0].depths.max()) == 2 and int(alone[1].depths.max()) > 2
+    assert not (alone[3].draft_slots[alone[3].token_ids == alone[3].token_ids[1]] >= 0).any()  # stop: unexpanded
+
+
+def test_an_engine_step_grows_its_trees_as_one_forest_with_fewer_ops(pair, references, monkeypatch) -> None:
+    """Four requests: their trees grow as one forest (one selection, inputs and add-children a round for
+    all), with at most 0.7x the tensor ops a draft pass of one growth per tree; the output is the reference."""
+    grown = []
+    forest_growth = batch_module.forest_growth
+    monkeypatch.setattr(batch_module, "forest_growth", lambda parts: grown.append(len(parts)) or forest_growth(parts))
+    results = {}
+    for forest in (True, False):
+        engine = load(pair, budget=64, max_expand=16, max_children=8, overlap=False, forest=forest)
+        tokens, totals = run_together(engine, PROMPTS, greedy(), count_ops=True)
+        assert tokens == references, forest
+        results[forest] = totals.ops / totals.passes
+    assert grown and max(grown) == 4
+    print(f"growth's own ops a draft pass, forest on / off: {results[True]:.1f} / {results[False]:.1f}")
+    assert results[True] <= 0.7 * results[False], results
+
+
+def test_a_failing_tree_in_a_forest_fails_its_request_alone(pair, references, monkeypatch) -> None:
+    """A request whose tree cannot grow (its logit bias raises, in the forest and on its own) fails; the
+    forest's other trees grow again on their own and their requests finish exactly."""
+
+    def apply_logit_bias(logits, bias):
+        if bias is not None and 3 in bias:
+            raise ValueError("this request's draft scores broke")
+        return logits
+
+    monkeypatch.setattr(forest_module, "apply_logit_bias", apply_logit_bias)
+    monkeypatch.setattr(specexec_module, "apply_logit_bias", apply_logit_bias)
+    engine = load(pair)
+    for index, prompt in enumerate(PROMPTS):
+        engine.add_request(Request(f"r{index}", prompt, greedy(**({"logit_bias": {3: 0.0}} if index == 1 else {}))))
+    tokens: dict[str, list[int]] = {}
+    failures = {}
+    while engine.num_running:
+        output = engine.step()
+        failures.update(output.failures)
+        for delta in output.deltas:
+            tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
+    assert list(failures) == ["r1"] and "draft scores broke" in str(failures["r1"])
+    for index in (0, 2, 3):
+        assert tokens[f"r{index}"] == references[index], index
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("host_trees", [False, True])
+def test_on_cuda_a_forest_emits_the_targets_greedy_tokens(pair, references, host_trees) -> None:
+    """The forest on the GPU (and on the host beside a GPU draft), overlap on: four requests, the reference."""
+    engine = Engine.load(EngineConfig(
+        model=ModelConfig(target=pair[0], draft=pair[1], device="cuda", dtype="float32"),
+        speculation=SpeculationConfig(budget=24, max_depth=6, overlap=True, host_trees=host_trees),
+        limits=LimitsConfig(max_context=256)))
+    tokens, totals = run_together(engine, PROMPTS, greedy(), count_ops=False)
+    assert tokens == references and totals.passes > 0
