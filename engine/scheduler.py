@@ -133,6 +133,7 @@ class Scheduler:
             overlap_seconds=outcome.overlap_seconds,
             extension_forwards=outcome.extension_forwards,
             draft_forwards=outcome.draft_forwards,
+            seeded_trees=outcome.seeded_trees,
         )
         return output
 

@@ -184,6 +184,7 @@ class PassStats:
     overlap_seconds: float = 0.0  # draft work beside the target pass, within target_seconds
     extension_forwards: int = 0  # draft passes beside the target pass
     draft_forwards: int = 0  # draft passes before the target pass (every tree's growth together, catch-up included)
+    seeded_trees: int = 0  # trees grown on from a seed (the last pass's extension: overlap), not afresh
 
 
 @dataclass

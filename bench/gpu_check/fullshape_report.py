@@ -34,6 +34,9 @@ class StepRow:
     def median(self, field: str) -> float:
         return statistics.median(getattr(s, field) for s in self.stats)
 
+    def mean(self, field: str) -> float:
+        return statistics.mean(getattr(s, field) for s in self.stats)
+
     @property
     def tokens_per_pass(self) -> float:
         return sum(s.num_emitted for s in self.stats) / len(self.stats)
@@ -96,7 +99,7 @@ def print_steps(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow]) -
                 f"steps after {full.warmup_steps}; the budget is shared by the streams in a pass. copy: every "
                 "streamed layer copied alone (the pass's floor).")
     report.table("budget", "overlap", "streams", "draft ms", "draft forwards before the pass", "ms per draft forward",
-                 "pass ms", "copy ms", "overlap ms", "draft forwards during the pass", "step ms", "tokens/pass", "tokens/s", "peak memory", "plan",
+                 "pass ms", "copy ms", "overlap ms", "draft forwards during the pass", "seeded trees", "step ms", "tokens/pass", "tokens/s", "peak memory", "plan",
                  "peak within plan", "draft")
     for r in rows:
         within = "n/a (CPU)" if r.peak is None else ("yes" if r.peak <= r.planned else "NO")
@@ -106,7 +109,8 @@ def print_steps(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow]) -
         per_forward = ms(r.median("draft_seconds") / forwards) if forwards else "-"
         report.row(r.budget, "on" if r.overlap else "off", r.streams, ms(r.median("draft_seconds")), f"{forwards:.0f}",
                    per_forward, ms(r.median("target_seconds")), copy_ms, ms(r.median("overlap_seconds")),
-                   f"{r.median('extension_forwards'):.0f}", ms(r.median("step_seconds")), f"{r.tokens_per_pass:.2f}",
+                   f"{r.median('extension_forwards'):.0f}", f"{r.mean('seeded_trees'):.1f} / {r.streams}",
+                   ms(r.median("step_seconds")), f"{r.tokens_per_pass:.2f}",
                    f"{r.tokens_per_second:.2f}", gigabytes(r.peak), gigabytes(r.planned), within, r.draft)
     by_key = {(r.budget, r.overlap, r.streams, r.draft): r for r in rows}
     report.table("budget", "streams", "draft", "overlap on / off (tokens/s)", "pass copy-bound", "goal")

@@ -55,6 +55,7 @@ class BatchResult:
     step_seconds: float
     extension_forwards: int = 0  # draft passes the extensions ran beside the target pass
     draft_forwards: int = 0  # draft passes that grew the trees before the pass
+    seeded_trees: int = 0  # trees that grew on from the last pass's extension (overlap), not afresh
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Extended:
 
     forwards: int = 0  # draft passes (of the growth before the pass, or of the extensions beside it)
     seconds: float = 0.0  # extensions: host time from the pass's start until they stopped
+    seeded: int = 0  # the growth before the pass: trees with a seed to grow on
 
     def count(self) -> None:
         self.forwards += 1
@@ -115,6 +117,7 @@ def grow_trees(items: list[BatchItem], forwards: Extended) -> list[Tree | None |
         try:
             if item.draft_prefill_ids:
                 prefill(ctx.drafter.runner, ctx.drafter.cache, item.draft_prefill_ids)
+            forwards.seeded += item.decode and ctx.seed is not None
             if item.decode and in_forest(ctx, seq, step_depth(ctx, seq)):
                 forests.setdefault(id(ctx.drafter.runner), []).append(index)
             elif item.decode:
@@ -242,4 +245,4 @@ def run_batch(target: DecoderRunner, items: list[BatchItem], streams: PassStream
             extension_forwards=extended.forwards,
         ))
     return BatchResult(results, pass_tokens, draft_seconds, target_seconds, extended.seconds, step_seconds,
-                       extended.forwards, grown_before.forwards)
+                       extended.forwards, grown_before.forwards, grown_before.seeded)

@@ -136,12 +136,14 @@ def test_a_larger_extension_grows_more_during_the_pass_and_less_before_it(pair, 
         assert engine.config.speculation.extension_budget(8) == 8 * factor
         slow_target(engine, monkeypatch, seconds=0.1)
         engine.add_request(Request("r", PROMPTS[2], greedy(LENGTHS[2])))
-        emitted, before, during = [], 0, 0
+        emitted, before, during, seeded, steps = [], 0, 0, 0, 0
         while engine.num_running:
             output = engine.step()
             emitted += [t for d in output.deltas for t in d.token_ids]
             before, during = before + output.stats.draft_forwards, during + output.stats.extension_forwards
+            seeded, steps = seeded + output.stats.seeded_trees, steps + 1
         assert emitted == references[2]
+        assert 1 <= seeded < steps  # the first tree grows afresh, later ones (most) from their seeds
         forwards[factor] = (before, during)
         engine.close()
     assert forwards[8][1] > forwards[2][1] and forwards[8][0] < forwards[2][0]
