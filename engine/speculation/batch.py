@@ -12,23 +12,26 @@ own generator; an error in one sequence's tree or verification fails that sequen
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from engine.model.faults import request_error
 from engine.model.runner import DecoderRunner, Segment, prefill_groups
 from engine.offload.device import PassStreams, PhaseClock
-from engine.speculation.drafter import Growth, run_growths
+from engine.speculation.drafter import run_growths
 from engine.speculation.overlap import BackgroundPass
 from engine.speculation.search_tree import SearchTree
 from engine.speculation.step import (
     PREFILL_CHUNK,
-    ForestGrowth,
     SequenceState,
     StepContext,
     can_extend,
     commit_step,
+    extends_in_forest,
+    extension_forest,
     extension_growth,
     forest_growth,
     in_forest,
@@ -133,8 +136,9 @@ def grow_trees(items: list[BatchItem], forwards: Extended) -> list[Tree | None |
     return outcomes
 
 
-# the items a growth grows the trees of, their draft runner, and the growth: one tree's, or a forest's
-Planned = tuple[list[int], DecoderRunner, Growth | ForestGrowth]
+# the items a growth grows the trees of, their draft runner, and the growth: one tree's (a Growth, an extension's
+# Search), or a forest's (returning a list of them)
+Planned = tuple[list[int], DecoderRunner, Generator[Any, Any, Any]]
 
 
 def own_growth(items: list[BatchItem], index: int) -> Planned:
@@ -142,7 +146,7 @@ def own_growth(items: list[BatchItem], index: int) -> Planned:
     return [index], ctx.drafter.runner, tree_growth(ctx, seq, step_depth(ctx, seq))
 
 
-def grow_into(outcomes: list[Tree | None | Exception], planned: list[Planned], forwards: Extended) -> list[int]:
+def grow_into(outcomes: list[Any], planned: list[Planned], forwards: Extended) -> list[int]:
     """Run the planned growths in lockstep, each tree (or a tree's error) into its item's outcome; returns the
     items of the forests whose growth failed, their outcomes not set."""
     failed = []
@@ -173,16 +177,14 @@ def score_trees(
         assert streams is not None
         background: BackgroundPass | None = None
         # set up before the pass is queued: the extensions' first host syncs wait for the draft alone
-        growths = [(items[index].ctx.drafter.runner,
-                    extension_growth(items[index].ctx, items[index].seq, trees[index],  # type: ignore[arg-type]
-                                     lambda: background is not None and background.done()))
-                   for index in extendable]
+        planned = extension_growths(items, trees, extendable, lambda: background is not None and background.done())
         streams.begin()
         begin = time.perf_counter()
         try:
             background = BackgroundPass(lambda: target.forward_groups(groups), streams)
             with streams.on_draft():
-                outcomes = run_growths(growths, on_pass=extended.count)
+                outcomes: list[SearchTree | Exception | None] = [None] * len(items)
+                grow_into(outcomes, planned, extended)  # a failed forest: no extensions
         finally:
             extended.seconds = time.perf_counter() - begin
             try:
@@ -190,10 +192,29 @@ def score_trees(
             finally:
                 streams.join()
         streams.hand_over([part for group in outputs for part in group if part is not None])
-        for index, outcome in zip(extendable, outcomes, strict=True):
-            grown[index] = None if isinstance(outcome, Exception) else outcome  # only a proposal: drop it
+        grown = [None if isinstance(outcome, Exception) else outcome for outcome in outcomes]  # only proposals
     tree_logits = iter(outputs[-1] if any(tree is not None for tree in trees) else [])
     return [next(tree_logits) if tree is not None else None for tree in trees], grown, extended
+
+
+def extension_growths(items: list[BatchItem], trees: list[Tree | None], extendable: list[int], stop: Callable[[], bool]
+                      ) -> list[Planned]:
+    """The extensions of the `extendable` items' trees (step.can_extend) as growths: without a grammar as one
+    forest per draft runner when there are two or more (step.extends_in_forest), the others one each."""
+    planned: list[Planned] = []
+    forests: dict[int, list[int]] = {}  # id(draft runner) -> the items whose extensions grow in its forest
+    for index in extendable:
+        ctx, seq = items[index].ctx, items[index].seq
+        if extends_in_forest(ctx, seq):
+            forests.setdefault(id(ctx.drafter.runner), []).append(index)
+        else:
+            planned.append(([index], ctx.drafter.runner, extension_growth(ctx, seq, trees[index], stop)))  # type: ignore[arg-type]
+    for members in forests.values():
+        parts = [(items[i].ctx, items[i].seq, trees[i]) for i in members]
+        planned.append((members, items[members[0]].ctx.drafter.runner,
+                        extension_forest(parts, stop) if len(members) > 1  # type: ignore[arg-type]
+                        else extension_growth(*parts[0], stop)))  # type: ignore[arg-type]
+    return planned
 
 
 def run_batch(target: DecoderRunner, items: list[BatchItem], streams: PassStreams | None = None) -> BatchResult:

@@ -6,12 +6,14 @@ forwards; only ties between equal scores may order differently), without grammar
     fresh trees: catch up (one forward each, the root's log-probs); seeded trees: adopt + reoffer
     forest = every tree padded to one row; the fresh roots' children added
     rounds: select leaves -> their forward (a segment per tree) -> top-w -> add the best children
+
+With overlap, the step's trees grow on beside their pass the same way (extend_forest; overlap.extension per tree).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +32,7 @@ from engine.speculation.forest import (
 from engine.speculation.sampling import apply_logit_bias
 from engine.speculation.search_tree import SearchTree
 from engine.speculation.specexec_growth import reoffer, tree_temperature
+from engine.speculation.tree import Tree
 from engine.types import SamplingParams
 
 # a forest's growth: yields each round's draft forwards (a segment per tree that asks for one), is sent their
@@ -39,14 +42,36 @@ ForestGrowth = Generator[list[Segment], list[torch.Tensor], list[SearchTree]]
 
 @dataclass
 class TreeRequest:
-    """One tree of a forest: as specexec_growth.grow_tree's arguments (no grammar mask)."""
+    """One tree of a forest: its drafter, sampling params and limits; for a step's growth (grow_forest) also its
+    root, the committed tokens its draft has not seen, and a seed (as specexec_growth.grow_tree's arguments)."""
 
     drafter: Drafter
-    root_id: int
-    pending_ids: list[int]
     params: SamplingParams
     limits: GrowLimits
+    root_id: int = -1
+    pending_ids: list[int] = dataclasses.field(default_factory=list)
     seed: SearchTree | None = None  # the tree its extension grew during the last pass (overlap)
+
+
+@dataclass
+class Bounds:
+    """A forest's per-tree limits, [S, 1] on its device: budgets, max depths, committed draft lengths; go_masks
+    [S, vocab] (False at stop tokens); cuts: the budgets for add_best_children, None where they are all one."""
+
+    budgets: torch.Tensor
+    cuts: torch.Tensor | None
+    max_depths: torch.Tensor
+    go_masks: torch.Tensor
+    committed: torch.Tensor
+
+    @classmethod
+    def of(cls, requests: list[TreeRequest], device: torch.device) -> Bounds:
+        budgets = [r.limits.budget for r in requests]
+        on_device = torch.tensor([[b, r.limits.max_depth, r.drafter.cache.length] for b, r in zip(budgets, requests,
+                                                                                                  strict=True)],
+                                 device=device)
+        return cls(on_device[:, :1], None if len(set(budgets)) == 1 else on_device[:, :1], on_device[:, 1:2],
+                   ~torch.stack([r.limits.stop_mask for r in requests]), on_device[:, 2:])
 
 
 def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_forwards: int) -> ForestGrowth:
@@ -54,7 +79,7 @@ def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_for
     their trees one device. A seeded tree gets the forwards grow_tree would give it, after the fresh trees'
     catch-up round."""
     trees: list[SearchTree | None] = [None] * len(requests)
-    forwards = [0] * len(requests)  # draft forwards each tree may still run
+    forwards = [0] * len(requests)  # draft forwards each tree may run
     fresh = []
     for index, request in enumerate(requests):
         limits, seed = request.limits, request.seed
@@ -70,26 +95,56 @@ def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_for
         trees[index] = SearchTree.of(root_tree(requests[index].root_id, drafter.cache.length, drafter.tree_device),
                                      limits.max_depth)
         forwards[index] = limits.max_depth - 1
-    width = min(spec.max_children, requests[0].drafter.runner.vocab_size)
-    max_budget = max(request.limits.budget for request in requests)
-    forest = Forest.of(trees, max_budget + 1, width)  # type: ignore[arg-type]  # every tree is set above
-    device = forest.scores.device
-    budgets = torch.tensor([[r.limits.budget] for r in requests], device=device)  # [S, 1]
-    cuts = None if all(r.limits.budget == max_budget for r in requests) else budgets  # add_best_children's
+    forest = forest_of(trees, requests, spec)  # type: ignore[arg-type]  # every tree is set above
+    bounds = Bounds.of(requests, forest.scores.device)
     if fresh:  # the fresh roots' children (as specexec_growth.search_from_root)
+        device = forest.scores.device
         roots = forest.parents.new_zeros((len(requests), 1))
         counts = [1 if index in fresh else 0 for index in range(len(requests))]
         valid = None if len(fresh) == len(requests) else torch.tensor(counts, device=device)[:, None] > 0
         child_lp, child_ids = top_children(requests, root_logits, counts, spec, device)
-        forest = add_best_children(forest, roots, valid, child_lp, child_ids, spec.decay, cuts)
-    max_depths = torch.tensor([[r.limits.max_depth] for r in requests], device=device)
-    go_masks = ~torch.stack([r.limits.stop_mask for r in requests])
-    committed = torch.tensor([[r.drafter.cache.length] for r in requests], device=device)
+        forest = add_best_children(forest, roots, valid, child_lp, child_ids, spec.decay, bounds.cuts)
+    forest, _ = yield from search(forest, requests, bounds, forwards, spec)
+    return forest.trees()
+
+
+def extend_forest(requests: list[TreeRequest], trees: list[Tree], spec: SpeculationConfig,
+                  stop: Callable[[], bool]) -> ForestGrowth:
+    """The step's scored trees grown on as one forest while their pass runs, as overlap.extension grows each
+    (its proposals offered again, then best-first within each request's limits, up to spec.max_depth draft
+    forwards, until `stop()` between forwards); each SearchTree counts its extension_forwards. Set up here,
+    before the pass is queued (its host syncs wait for the draft alone); the growth runs as it is driven."""
+    searches = [reoffer(SearchTree.of(tree.to(request.drafter.tree_device), request.limits.max_depth), spec,
+                        request.limits) for request, tree in zip(requests, trees, strict=True)]
+    forest = forest_of(searches, requests, spec)
+    return counted(search(forest, requests, Bounds.of(requests, forest.scores.device), [spec.max_depth] * len(requests),
+                          spec, stop))
+
+
+def counted(growth: Generator[list[Segment], list[torch.Tensor], tuple[Forest, list[int]]]) -> ForestGrowth:
+    """An extension's trees, each with the forwards it ran as its extension_forwards."""
+    forest, ran = yield from growth
+    return [dataclasses.replace(tree, extension_forwards=count) for tree, count in zip(forest.trees(), ran, strict=True)]
+
+
+def forest_of(trees: list[SearchTree], requests: list[TreeRequest], spec: SpeculationConfig) -> Forest:
+    """The trees as a forest of as many columns as the largest budget + 1."""
+    return Forest.of(trees, max(r.limits.budget for r in requests) + 1,
+                     min(spec.max_children, requests[0].drafter.runner.vocab_size))
+
+
+def search(forest: Forest, requests: list[TreeRequest], bounds: Bounds, forwards: list[int], spec: SpeculationConfig,
+           stop: Callable[[], bool] | None = None) -> Generator[list[Segment], list[torch.Tensor], tuple[Forest, list[int]]]:
+    """Best-first growth of every tree for at most forwards[s] draft forwards (specexec_growth.best_first_search
+    per row), or until `stop()` says so between rounds. Returns the forest and the forwards each tree ran."""
+    device = forest.scores.device
+    ran = [0] * len(requests)
     next_slots = torch.tensor([[r.drafter.next_slot] for r in requests], device=device)
-    while True:
-        limits = [min(spec.max_expand, r.drafter.room()) if left > 0 else 0 for r, left in zip(requests, forwards, strict=True)]
+    while stop is None or not stop():
+        limits = [min(spec.max_expand, r.drafter.room()) if done < most else 0
+                  for r, done, most in zip(requests, ran, forwards, strict=True)]
         limit: torch.Tensor | int = limits[0] if len(set(limits)) == 1 else torch.tensor(limits, device=device)[:, None]
-        selection, rank = select_leaves(forest, limit, budgets, max_depths, go_masks)
+        selection, rank = select_leaves(forest, limit, bounds.budgets, bounds.max_depths, bounds.go_masks)
         selected = selection.sum(1, keepdim=True)  # [S, 1]
         counts = selected.flatten().tolist()  # the round's host sync
         if not any(counts):
@@ -99,15 +154,15 @@ def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_for
         assign_slots(forest, selection, rank, next_slots)
         starts = [r.drafter.next_slot for r in requests]
         width_kv = max(start + count for start, count in zip(starts, counts, strict=True))
-        logits = yield segments(requests, draft_inputs(forest, nodes, committed, width_kv), starts, counts)
+        logits = yield segments(requests, draft_inputs(forest, nodes, bounds.committed, width_kv), starts, counts)
         for index, (request, count) in enumerate(zip(requests, counts, strict=True)):
             if count:
                 request.drafter.next_slot += count
-                forwards[index] -= 1
+                ran[index] += 1
         next_slots = next_slots + selected
         child_lp, child_ids = top_children(requests, logits, counts, spec, device)
-        forest = add_best_children(forest, nodes, valid, child_lp, child_ids, spec.decay, cuts)
-    return forest.trees()
+        forest = add_best_children(forest, nodes, valid, child_lp, child_ids, spec.decay, bounds.cuts)
+    return forest, ran
 
 
 def catch_up(requests: list[TreeRequest]) -> Generator[list[Segment], list[torch.Tensor], list[torch.Tensor]]:

@@ -13,7 +13,7 @@ from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner, Segment
 from engine.speculation.budget import acceptance_curve, node_indicator
 from engine.speculation.drafter import Drafter, GrowLimits, Growth
-from engine.speculation.forest_growth import TreeRequest, grow_forest
+from engine.speculation.forest_growth import TreeRequest, extend_forest, grow_forest
 from engine.speculation.logprobs import emitted_logprobs, unpack_logprobs
 from engine.speculation.overlap import SEEDED_FORWARDS, commit_draft, extension
 from engine.speculation.prediction import MATCH as PREDICTION_MATCH
@@ -142,7 +142,7 @@ def forest_growth(parts: list[tuple[StepContext, SequenceState, int]]) -> Forest
         seed, ctx.seed = ctx.seed, None
         pending = seq.token_ids[ctx.drafter.cache.length : len(seq.token_ids) - 1]
         limits = GrowLimits(budget=ctx.budget, max_depth=max_depth, stop_mask=ctx.stop_mask)
-        requests.append(TreeRequest(ctx.drafter, seq.root_id, pending, seq.params, limits, seed))
+        requests.append(TreeRequest(ctx.drafter, seq.params, limits, seq.root_id, pending, seed))
     grown = yield from grow_forest(requests, parts[0][0].spec, SEEDED_FORWARDS)
     return [finished_tree(ctx, seq, tree.tree(), max_depth)
             for (ctx, seq, max_depth), tree in zip(parts, grown, strict=True)]
@@ -166,10 +166,28 @@ def can_extend(ctx: StepContext, tree: Tree) -> bool:
 
 def extension_growth(ctx: StepContext, seq: SequenceState, tree: Tree, stop: Callable[[], bool]) -> Search:
     """The tree's growth during its pass (overlap.extension); needs can_extend."""
-    max_depth = min(2 * ctx.spec.max_depth, remaining_tokens(ctx, seq) - 1)
-    limits = GrowLimits(budget=ctx.spec.extension_budget(ctx.budget), max_depth=max_depth, stop_mask=ctx.stop_mask)
     mask = None if seq.grammar is None else seq.grammar.masks_for
-    return extension(ctx.drafter, tree, seq.params, ctx.spec, limits, mask, stop)
+    return extension(ctx.drafter, tree, seq.params, ctx.spec, extension_limits(ctx, seq), mask, stop)
+
+
+def extension_limits(ctx: StepContext, seq: SequenceState) -> GrowLimits:
+    """An extension's limits: SpeculationConfig.extension_budget nodes, twice --max-depth (what may be emitted)."""
+    max_depth = min(2 * ctx.spec.max_depth, remaining_tokens(ctx, seq) - 1)
+    return GrowLimits(budget=ctx.spec.extension_budget(ctx.budget), max_depth=max_depth, stop_mask=ctx.stop_mask)
+
+
+def extends_in_forest(ctx: StepContext, seq: SequenceState) -> bool:
+    """Whether the tree's extension grows in a forest (extension_forest): without a grammar."""
+    return ctx.spec.forest and seq.grammar is None
+
+
+def extension_forest(parts: list[tuple[StepContext, SequenceState, Tree]], stop: Callable[[], bool]
+                     ) -> Generator[list[Segment], list[torch.Tensor], list[SearchTree]]:
+    """The extensions of `parts` ((ctx, seq, tree), each can_extend and extends_in_forest, their drafters on one
+    runner) grown as one forest, set up now (before the pass is queued); each as extension_growth would grow
+    it, in the parts' order."""
+    requests = [TreeRequest(ctx.drafter, seq.params, extension_limits(ctx, seq)) for ctx, seq, _ in parts]
+    return extend_forest(requests, [tree for _, _, tree in parts], parts[0][0].spec, stop)
 
 
 def accept_committed(seq: SequenceState, new_ids: list[int]) -> None:

@@ -12,12 +12,14 @@ from transformers import AutoModelForCausalLM
 import engine.speculation.forest_growth as forest_module
 import engine.speculation.specexec_growth as specexec_module
 from bench.forest import run_together
+from bench.overlap import slow_passes
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.model.kv_cache import KVCache
 from engine.runtime import Engine
 from engine.speculation import batch as batch_module
 from engine.speculation.drafter import Drafter, GrowLimits, run_growths
-from engine.speculation.forest_growth import TreeRequest, grow_forest
+from engine.speculation.forest_growth import TreeRequest, extend_forest, grow_forest
+from engine.speculation.overlap import extension
 from engine.speculation.specexec_growth import grow_tree
 from engine.speculation.step import prefill
 from engine.types import Request, SamplingParams
@@ -82,7 +84,7 @@ def test_each_tree_of_a_forest_is_its_own_search(pair) -> None:
     stopped[int(grown_alone()[3].token_ids[1])] = True
     limits[3] = GrowLimits(16, 4, stopped)
     alone = grown_alone()
-    requests = [TreeRequest(d, p[-1], [], q, lim) for d, p, q, lim in zip(drafters(engine), PROMPTS, params, limits,
+    requests = [TreeRequest(d, q, lim, p[-1]) for d, p, q, lim in zip(drafters(engine), PROMPTS, params, limits,
                                                                          strict=True)]
     forest = run_growths([(engine.pair.draft, grow_forest(requests, spec, 2))])[0]
     assert not isinstance(forest, Exception)
@@ -95,6 +97,69 @@ def test_each_tree_of_a_forest_is_its_own_search(pair) -> None:
     assert sizes == [9, 41, 25, 17]  # every budget filled, each its own
     assert int(alone[0].depths.max()) == 2 and int(alone[1].depths.max()) > 2
     assert not (alone[3].draft_slots[alone[3].token_ids == alone[3].token_ids[1]] >= 0).any()  # stop: unexpanded
+
+
+def test_each_extension_of_a_forest_is_its_own(pair) -> None:
+    """Overlap's extensions (twice each budget, their own depths), grown beside the pass as one forest: each is
+    the extension overlap.extension grows of its tree alone, node for node, with its forward count."""
+    engine = load(pair)
+    spec = engine.config.speculation
+    stop = torch.zeros(engine.pair.draft.vocab_size, dtype=torch.bool)
+    params = [greedy(), SamplingParams(temperature=0.7, seed=1), greedy(logit_bias={9: 4.0}), greedy()]
+    limits = [GrowLimits(8, 2, stop), GrowLimits(40, 6, stop), GrowLimits(24, 5, stop), GrowLimits(16, 4, stop)]
+    wider = [GrowLimits(2 * lim.budget, lim.max_depth + 2, stop) for lim in limits]
+    grown = []
+    for alone in (True, False):
+        ds = drafters(engine)
+        trees = run_growths([(d.runner, grow_tree(d, p[-1], [], q, spec, lim))
+                             for d, p, q, lim in zip(ds, PROMPTS, params, limits, strict=True)])
+        if alone:
+            grown.append(run_growths([(d.runner, extension(d, tree, q, spec, lim, None, lambda: False))
+                                      for d, tree, q, lim in zip(ds, trees, params, wider, strict=True)]))
+        else:
+            requests = [TreeRequest(d, q, lim) for d, q, lim in zip(ds, params, wider, strict=True)]
+            grown.append(run_growths([(engine.pair.draft, extend_forest(requests, trees, spec, lambda: False))])[0])
+    for own, forest in zip(*grown, strict=True):
+        assert own.extension_forwards == forest.extension_forwards > 0
+        for field in ("token_ids", "parents", "depths", "scores", "paths", "draft_slots", "expanded", "child_lp"):
+            got, want = getattr(forest, field), getattr(own, field)
+            if field == "paths":  # the forest's rows have as many columns as its deepest limit allows
+                got = got[:, : want.shape[1]]
+            assert torch.equal(got, want), field
+        assert (forest.paths[:, own.paths.shape[1]:] == -1).all()
+    assert [tree.num_nodes for tree in grown[0]] == [17, 81, 49, 33]  # every extension budget filled
+
+
+@pytest.fixture(scope="module")
+def same_pair(tmp_path_factory) -> tuple[str, str]:
+    """The target as its own draft: its extensions hold the accepted paths, so the next trees have seeds."""
+    target, draft = make_tiny_pair(tmp_path_factory.mktemp("same"), arch="llama", draft="same", seed=7)
+    return str(target), str(draft)
+
+
+def test_with_overlap_extensions_grow_as_one_forest_and_seed_the_next_trees(same_pair, monkeypatch) -> None:
+    """Four requests, every target pass slowed to 0.1 s: their extensions grow beside it as one forest, the next
+    steps' trees grow on from those seeds, and the output is the reference."""
+    pair = same_pair
+    model = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32)
+    references = [reference_greedy(model, prompt, LENGTH) for prompt in PROMPTS]
+    forests = []
+    extension_forest = batch_module.extension_forest
+    monkeypatch.setattr(batch_module, "extension_forest",
+                        lambda parts, stop: forests.append(len(parts)) or extension_forest(parts, stop))
+    engine = load(pair, overlap=True, budget=64)
+    slow_passes(engine, 0.1)
+    for index, prompt in enumerate(PROMPTS):
+        engine.add_request(Request(f"r{index}", prompt, greedy()))
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
+    during = seeded = 0
+    while engine.num_running:
+        output = engine.step()
+        during, seeded = during + output.stats.extension_forwards, seeded + output.stats.seeded_trees
+        for delta in output.deltas:
+            tokens[delta.request_id] += delta.token_ids
+    assert list(tokens.values()) == references
+    assert forests and max(forests) == 4 and during > 0 and seeded > 0
 
 
 def test_an_engine_step_grows_its_trees_as_one_forest_with_fewer_ops(pair, references, monkeypatch) -> None:
