@@ -1,5 +1,6 @@
 """One engine step over several sequences: grow every tree (in lockstep: one draft pass per round for
-all of them), score every tree in ONE target pass, verify each.
+all of them; SpecExec trees as one forest, engine.speculation.forest_growth), score every tree in ONE
+target pass, verify each.
 
 The pass is `DecoderRunner.forward_groups`: joining sequences' prompt slices come first (one group
 per chunk, causal), then one group holding every tree (each over its own cache, slots and positions,
