@@ -216,3 +216,21 @@ def test_on_cuda_a_forest_emits_the_targets_greedy_tokens(pair, references, host
         limits=LimitsConfig(max_context=256)))
     tokens, totals = run_together(engine, PROMPTS, greedy(), count_ops=False)
     assert tokens == references and totals.passes > 0
+
+
+def test_seeded_sampling_is_the_same_with_the_forest_on_and_off(pair) -> None:
+    """Sample-and-match: a seeded request's text is a function of (seed, position) and the target alone, so four
+    of them (temperatures 0.5-1.1, top-p, a logit bias) read the same whether their trees grew as a forest or not."""
+    params = [SamplingParams(temperature=0.5 + 0.2 * i, top_p=0.9 if i % 2 else 1.0, seed=20 + i, max_tokens=LENGTH,
+                             ignore_eos=True, **({"logit_bias": {9: 2.0}} if i == 3 else {})) for i in range(len(PROMPTS))]
+    texts = []
+    for forest in (True, False):
+        engine = load(pair, forest=forest)
+        for index, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
+            engine.add_request(Request(f"r{index}", prompt, p))
+        tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
+        while engine.num_running:
+            for delta in engine.step().deltas:
+                tokens[delta.request_id] += delta.token_ids
+        texts.append(tokens)
+    assert texts[0] == texts[1] and all(len(t) == LENGTH for t in texts[0].values())
