@@ -35,6 +35,7 @@ class Forest:
     def of(cls, trees: list[SearchTree], num_nodes: int, width: int) -> Forest:
         """The trees (each of at most num_nodes nodes, its expanded ones with draft slots) padded to
         num_nodes columns; `width` (w) columns of proposals (a tree without any gets -inf)."""
+        assert all(tree.num_nodes <= num_nodes for tree in trees), "a tree larger than the forest's rows"
         columns = max(tree.paths.shape[1] for tree in trees)
 
         def padded(values: list[torch.Tensor], fill: float | int) -> torch.Tensor:
