@@ -5,6 +5,8 @@ output is transformers' greedy output, and a failing tree fails its request alon
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -13,6 +15,7 @@ import engine.speculation.forest_growth as forest_module
 import engine.speculation.specexec_growth as specexec_module
 from bench.forest import run_together
 from bench.overlap import slow_passes
+from engine.cli import add_engine_arguments, engine_config_from_args
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.model.kv_cache import KVCache
 from engine.runtime import Engine
@@ -22,7 +25,7 @@ from engine.speculation.forest_growth import TreeRequest, extend_forest, grow_fo
 from engine.speculation.overlap import extension
 from engine.speculation.specexec_growth import grow_tree
 from engine.speculation.step import prefill
-from engine.types import Request, SamplingParams
+from engine.types import ConfigError, Request, SamplingParams
 from tests.helpers.offload_passes import reference_greedy
 from tests.helpers.tiny_models import make_tiny_pair
 
@@ -234,3 +237,17 @@ def test_seeded_sampling_is_the_same_with_the_forest_on_and_off(pair) -> None:
                 tokens[delta.request_id] += delta.token_ids
         texts.append(tokens)
     assert texts[0] == texts[1] and all(len(t) == LENGTH for t in texts[0].values())
+
+
+def test_the_flag_reaches_the_config() -> None:
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+
+    def config(*flags: str) -> EngineConfig:
+        return engine_config_from_args(parser.parse_args(["--target", "t", "--draft", "d", *flags]),
+                                       require_folders=False)[0]
+
+    assert config().speculation.forest is True
+    assert config("--forest", "off").speculation.forest is False
+    with pytest.raises(ConfigError, match="--forest"):  # on or off only
+        config("--forest", "auto")
