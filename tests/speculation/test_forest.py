@@ -5,8 +5,6 @@ output is transformers' greedy output, and a failing tree fails its request alon
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -15,7 +13,6 @@ import engine.speculation.forest_growth as forest_module
 import engine.speculation.specexec_growth as specexec_module
 from bench.forest import run_together
 from bench.overlap import slow_passes
-from engine.cli import add_engine_arguments, engine_config_from_args
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.model.kv_cache import KVCache
 from engine.runtime import Engine
@@ -27,6 +24,7 @@ from engine.speculation.specexec_growth import grow_tree
 from engine.speculation.step import prefill
 from engine.types import ConfigError, Request, SamplingParams
 from tests.helpers.offload_passes import reference_greedy
+from tests.helpers.speculation import config_from_flags
 from tests.helpers.tiny_models import make_tiny_pair
 
 PROMPTS = [[5, 6, 7, 8], [40, 41, 42, 43, 44, 45], [90, 12], [130, 131, 132]]
@@ -240,13 +238,7 @@ def test_seeded_sampling_is_the_same_with_the_forest_on_and_off(pair) -> None:
 
 
 def test_the_flag_reaches_the_config() -> None:
-    parser = argparse.ArgumentParser()
-    add_engine_arguments(parser)
-
-    def config(*flags: str) -> EngineConfig:
-        return engine_config_from_args(parser.parse_args(["--target", "t", "--draft", "d", *flags]),
-                                       require_folders=False)[0]
-
+    config = config_from_flags  # the CLI's config of these flags
     assert config().speculation.forest is True
     assert config("--forest", "off").speculation.forest is False
     with pytest.raises(ConfigError, match="--forest"):  # on or off only

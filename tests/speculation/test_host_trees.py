@@ -6,18 +6,16 @@ check the same with the draft on a GPU and its trees on the host."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.cli import add_engine_arguments, engine_config_from_args
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.runtime import Engine
 from engine.speculation import search_tree
 from engine.types import ConfigError, Request, SamplingParams
 from tests.helpers.reference import plain_loop
+from tests.helpers.speculation import config_from_flags
 from tests.helpers.tiny_models import make_tiny_pair
 
 PROMPTS = [[5, 6, 7, 8, 9], [40, 41, 42]]
@@ -57,13 +55,7 @@ def pair_engine(tmp_path, device: str, host_trees: bool, overlap: bool) -> tuple
 
 
 def test_the_flag_reaches_the_config() -> None:
-    parser = argparse.ArgumentParser()
-    add_engine_arguments(parser)
-
-    def config(*flags: str) -> EngineConfig:
-        return engine_config_from_args(parser.parse_args(["--target", "t", "--draft", "d", *flags]),
-                                       require_folders=False)[0]
-
+    config = config_from_flags  # the CLI's config of these flags
     assert config("--host-trees", "on").speculation.host_trees is True
     assert config().speculation.host_trees is False
     with pytest.raises(ConfigError, match="--host-trees"):  # on or off only
