@@ -56,6 +56,8 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                      "runs on a GPU (fewer device launches a draft forward); off (default)"),
     "--forest": ("speculation", "forest", "on_off", "on (default): the SpecExec trees of a step's requests grow as "
                  "one forest (one set of small ops a draft forward for all); off: one growth per tree"),
+    "--fresh-forwards": ("speculation", "fresh_forwards", int, "overlap: a tree without a seed runs at most this "
+                         "many draft forwards before a pass whose other trees have seeds; 0 (default): no cap"),
     "--extension-factor": ("speculation", "extension_factor", int, "overlap: a tree grows on during its pass "
                            "to this many times the budget (its subtree seeds the next tree)"),
     "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),

@@ -109,6 +109,11 @@ class SpeculationConfig:
     # under the step's outcome seeds the next tree): a larger extension leaves fewer draft forwards before the
     # next pass (docs/bench/overlap.md, "Extension budget")
     extension_factor: int = EXTENSION_FACTOR
+    # overlap, several streams: in a step where other trees grow on from their seeds (a few forwards), a tree
+    # without one (its full search) runs at most this many draft forwards after its catch-up before the pass,
+    # so the others do not wait on it; it grows on during the pass. 0: no cap. Off until a GPU run measures
+    # it (docs/bench/forest.md, "With overlap")
+    fresh_forwards: int = 0
 
     def resolved(self, device_type: str) -> SpeculationConfig:
         """This config with overlap and draft_graphs 'auto' decided for a device of `device_type`."""
@@ -161,6 +166,8 @@ class SpeculationConfig:
         require(self.forest in (True, False), "speculation.forest", f"must be on or off, got {self.forest!r}")
         require(isinstance(self.extension_factor, int) and self.extension_factor >= 1, "speculation.extension_factor",
                 f"must be an integer >= 1, got {self.extension_factor!r}")
+        require(isinstance(self.fresh_forwards, int) and self.fresh_forwards >= 0, "speculation.fresh_forwards",
+                f"must be an integer >= 0 (0: no cap), got {self.fresh_forwards!r}")
         require(
             isinstance(self.greedy_tree_temperature, int | float) and 0.0 < self.greedy_tree_temperature <= 2.0,
             "speculation.greedy_tree_temperature",

@@ -69,8 +69,8 @@ def step_row(ctx: CheckContext, base: Engine, budget: int, overlap: bool, stream
     full = ctx.plan.full
     engine = base.with_speculation(dataclasses.replace(
         base.config.speculation, budget=budget, overlap=overlap, draft_graphs=draft.graphs, host_trees=draft.host_trees,
-        extension_factor=draft.extension_factor))
-    label = f"g{int(draft.graphs)}h{int(draft.host_trees)}x{draft.extension_factor}"
+        extension_factor=draft.extension_factor, fresh_forwards=draft.fresh_forwards))
+    label = f"g{int(draft.graphs)}h{int(draft.host_trees)}x{draft.extension_factor}f{draft.fresh_forwards}"
     requests = [Request(f"b{budget}-o{int(overlap)}-s{streams}-{label}-{i}", prompt(ctx, full.prompt_len, i),
                         greedy(full.max_context // 2)) for i in range(streams)]
     reset_peak(ctx.device)

@@ -15,6 +15,7 @@ class DraftVariant:
     graphs: bool = True  # its forwards as CUDA graphs (--draft-graphs)
     host_trees: bool = False  # SpecExec trees grown on the host (--host-trees)
     extension_factor: int = EXTENSION_FACTOR  # overlap extensions grow to this many times the budget
+    fresh_forwards: int = 0  # beside seeded trees, a fresh tree's draft forwards before the pass (0: no cap)
 
 
 @dataclass(frozen=True)

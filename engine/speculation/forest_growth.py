@@ -77,7 +77,7 @@ class Bounds:
 def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_forwards: int) -> ForestGrowth:
     """Every request's SpecExec tree, grown in lockstep as one forest. All drafters share one runner, and
     their trees one device. A seeded tree gets the forwards grow_tree would give it, after the fresh trees'
-    catch-up round."""
+    catch-up round; beside seeded trees a fresh one gets at most spec.fresh_forwards (0: no cap)."""
     trees: list[SearchTree | None] = [None] * len(requests)
     forwards = [0] * len(requests)  # draft forwards each tree may run
     fresh = []
@@ -95,6 +95,8 @@ def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_for
         trees[index] = SearchTree.of(root_tree(requests[index].root_id, drafter.cache.length, drafter.tree_device),
                                      limits.max_depth)
         forwards[index] = limits.max_depth - 1
+        if spec.fresh_forwards and len(fresh) < len(requests):  # beside seeded trees: they would wait on it
+            forwards[index] = min(forwards[index], spec.fresh_forwards)
     forest = forest_of(trees, requests, spec)  # type: ignore[arg-type]  # every tree is set above
     bounds = Bounds.of(requests, forest.scores.device)
     if fresh:  # the fresh roots' children (as specexec_growth.search_from_root)

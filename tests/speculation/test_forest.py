@@ -20,6 +20,7 @@ from engine.speculation import batch as batch_module
 from engine.speculation.drafter import Drafter, GrowLimits, run_growths
 from engine.speculation.forest_growth import TreeRequest, extend_forest, grow_forest
 from engine.speculation.overlap import extension
+from engine.speculation.search_tree import SearchTree
 from engine.speculation.specexec_growth import grow_tree
 from engine.speculation.step import prefill
 from engine.types import ConfigError, Request, SamplingParams
@@ -219,6 +220,39 @@ def test_on_cuda_a_forest_emits_the_targets_greedy_tokens(pair, references, host
     assert tokens == references and totals.passes > 0
 
 
+@pytest.mark.parametrize("cap", [0, 1, 3])
+def test_a_fresh_tree_beside_a_seeded_one_runs_at_most_fresh_forwards(pair, cap) -> None:
+    """--fresh-forwards: a forest of a seeded tree (one grown from the same root before, its KV in the cache)
+    and a fresh one: the fresh tree runs its catch-up and at most `cap` search forwards (0: its full search);
+    with one forward (4 children of 4 children) it cannot fill its budget of 24."""
+    engine = load(pair, fresh_forwards=cap)
+    spec, draft = engine.config.speculation, engine.pair.draft
+    stop = torch.zeros(draft.vocab_size, dtype=torch.bool)
+    limits = GrowLimits(24, 6, stop)
+    seeded, fresh = drafters(engine)[:2]
+    seed = run_growths([(draft, grow_tree(seeded, PROMPTS[0][-1], [], greedy(), spec, limits))])[0]
+    forwards_of: dict[int, int] = {id(seeded.cache): 0, id(fresh.cache): 0}
+    forward_groups = draft.forward_groups
+
+    def counted(groups):
+        for segment in groups[0]:
+            forwards_of[id(segment.cache)] += 1
+        return forward_groups(groups)
+
+    draft.forward_groups = counted
+    requests = [TreeRequest(seeded, greedy(), limits, PROMPTS[0][-1], [], SearchTree.of(seed, 6)),
+                TreeRequest(fresh, greedy(), limits, PROMPTS[1][-1])]
+    trees = run_growths([(draft, grow_forest(requests, spec, 2))])[0]
+    draft.forward_groups = forward_groups
+    assert trees[0].num_nodes == 25 and trees[1].num_nodes == (21 if cap == 1 else 25)  # 1 + 4 + 4 x 4 nodes
+    if cap:
+        assert forwards_of[id(fresh.cache)] == 1 + cap  # the catch-up, then `cap` forwards
+    else:
+        assert forwards_of[id(fresh.cache)] > 1 + 3  # its full search
+    alone = [TreeRequest(d, greedy(), limits, p[-1]) for d, p in zip(drafters(engine)[:2], PROMPTS, strict=False)]
+    assert all(t.num_nodes == 25 for t in run_growths([(draft, grow_forest(alone, spec, 2))])[0])  # no seeds: no cap
+
+
 def test_seeded_sampling_is_the_same_with_the_forest_on_and_off(pair) -> None:
     """Sample-and-match: a seeded request's text is a function of (seed, position) and the target alone, so four
     of them (temperatures 0.5-1.1, top-p, a logit bias) read the same whether their trees grew as a forest or not."""
@@ -239,7 +273,8 @@ def test_seeded_sampling_is_the_same_with_the_forest_on_and_off(pair) -> None:
 
 def test_the_flag_reaches_the_config() -> None:
     config = config_from_flags  # the CLI's config of these flags
-    assert config().speculation.forest is True
+    assert config().speculation.forest is True and config().speculation.fresh_forwards == 0
+    assert config("--fresh-forwards", "8").speculation.fresh_forwards == 8
     assert config("--forest", "off").speculation.forest is False
     with pytest.raises(ConfigError, match="--forest"):  # on or off only
         config("--forest", "auto")
