@@ -115,7 +115,7 @@ def grow_trees(items: list[BatchItem], forwards: Extended) -> list[Tree | None |
     growth each, so that only the failing request fails. `forwards` counts the draft passes of the growth."""
     outcomes: list[Tree | None | Exception] = [None] * len(items)
     planned: list[Planned] = []
-    forests: dict[int, list[int]] = {}  # id(draft runner) -> the items whose trees grow in its forest
+    foresting = []  # items whose trees may grow in a forest
     for index, item in enumerate(items):
         ctx, seq = item.ctx, item.seq
         try:
@@ -123,12 +123,12 @@ def grow_trees(items: list[BatchItem], forwards: Extended) -> list[Tree | None |
                 prefill(ctx.drafter.runner, ctx.drafter.cache, item.draft_prefill_ids)
             forwards.seeded += item.decode and ctx.seed is not None
             if item.decode and in_forest(ctx, seq, step_depth(ctx, seq)):
-                forests.setdefault(id(ctx.drafter.runner), []).append(index)
+                foresting.append(index)
             elif item.decode:
                 planned.append(own_growth(items, index))
         except Exception as exc:
             outcomes[index] = request_error(exc)
-    for members in forests.values():  # a lone tree grows on its own (fewer ops so)
+    for members in by_runner(items, foresting):  # a lone tree grows on its own (fewer ops so)
         parts = [(items[i].ctx, items[i].seq, step_depth(items[i].ctx, items[i].seq)) for i in members]
         planned.append((members, items[members[0]].ctx.drafter.runner, forest_growth(parts)) if len(members) > 1
                        else own_growth(items, members[0]))
@@ -140,6 +140,14 @@ def grow_trees(items: list[BatchItem], forwards: Extended) -> list[Tree | None |
 # the items a growth grows the trees of, their draft runner, and the growth: one tree's (a Growth, an extension's
 # Search), or a forest's (returning a list of them)
 Planned = tuple[list[int], DecoderRunner, Generator[Any, Any, Any]]
+
+
+def by_runner(items: list[BatchItem], indices: list[int]) -> list[list[int]]:
+    """`indices` grouped by their items' draft runner (a forest's trees share one), in order."""
+    groups: dict[int, list[int]] = {}
+    for index in indices:
+        groups.setdefault(id(items[index].ctx.drafter.runner), []).append(index)
+    return list(groups.values())
 
 
 def own_growth(items: list[BatchItem], index: int) -> Planned:
@@ -202,15 +210,11 @@ def extension_growths(items: list[BatchItem], trees: list[Tree | None], extendab
                       ) -> list[Planned]:
     """The extensions of the `extendable` items' trees (step.can_extend) as growths: without a grammar as one
     forest per draft runner when there are two or more (step.extends_in_forest), the others one each."""
-    planned: list[Planned] = []
-    forests: dict[int, list[int]] = {}  # id(draft runner) -> the items whose extensions grow in its forest
-    for index in extendable:
-        ctx, seq = items[index].ctx, items[index].seq
-        if extends_in_forest(ctx, seq):
-            forests.setdefault(id(ctx.drafter.runner), []).append(index)
-        else:
-            planned.append(([index], ctx.drafter.runner, extension_growth(ctx, seq, trees[index], stop)))  # type: ignore[arg-type]
-    for members in forests.values():
+    foresting = [index for index in extendable if extends_in_forest(items[index].ctx, items[index].seq)]
+    planned: list[Planned] = [([index], items[index].ctx.drafter.runner,
+                               extension_growth(items[index].ctx, items[index].seq, trees[index], stop))  # type: ignore[arg-type]
+                              for index in extendable if index not in foresting]
+    for members in by_runner(items, foresting):
         parts = [(items[i].ctx, items[i].seq, trees[i]) for i in members]
         planned.append((members, items[members[0]].ctx.drafter.runner,
                         extension_forest(parts, stop) if len(members) > 1  # type: ignore[arg-type]

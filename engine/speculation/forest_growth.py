@@ -29,15 +29,16 @@ from engine.speculation.forest import (
     select_leaves,
     selected_nodes,
 )
+from engine.speculation.overlap import extension_start
 from engine.speculation.sampling import apply_logit_bias
 from engine.speculation.search_tree import SearchTree
-from engine.speculation.specexec_growth import reoffer, tree_temperature
+from engine.speculation.specexec_growth import propose, seeded_start, tree_temperature
 from engine.speculation.tree import Tree
 from engine.types import SamplingParams
 
-# a forest's growth: yields each round's draft forwards (a segment per tree that asks for one), is sent their
-# logits in that order, returns the trees in the requests' order
-ForestGrowth = Generator[list[Segment], list[torch.Tensor], list[SearchTree]]
+# a forest's search (as specexec_growth.Search for one tree): yields each round's draft forwards (a segment per
+# tree that asks for one), is sent their logits in that order, returns the SearchTrees in the requests' order
+ForestSearch = Generator[list[Segment], list[torch.Tensor], list[SearchTree]]
 
 
 @dataclass
@@ -74,7 +75,7 @@ class Bounds:
                    ~torch.stack([r.limits.stop_mask for r in requests]), on_device[:, 2:])
 
 
-def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_forwards: int) -> ForestGrowth:
+def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_forwards: int) -> ForestSearch:
     """Every request's SpecExec tree, grown in lockstep as one forest. All drafters share one runner, and
     their trees one device. A seeded tree gets the forwards grow_tree would give it, after the fresh trees'
     catch-up round; beside seeded trees a fresh one gets at most spec.fresh_forwards (0: no cap)."""
@@ -84,9 +85,7 @@ def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_for
     for index, request in enumerate(requests):
         limits, seed = request.limits, request.seed
         if seed is not None and not request.pending_ids:
-            tree = request.drafter.adopt(seed.trim(limits.budget + 1, limits.max_depth)).widened(limits.max_depth)
-            trees[index] = dataclasses.replace(reoffer(tree, spec, limits), extension_forwards=0)
-            forwards[index] = max(seeded_forwards, limits.max_depth - 1 - seed.extension_forwards)
+            trees[index], forwards[index] = seeded_start(request.drafter, seed, spec, limits, seeded_forwards)
         else:
             fresh.append(index)
     root_logits = yield from catch_up([requests[index] for index in fresh])
@@ -100,30 +99,30 @@ def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_for
     forest = forest_of(trees, requests, spec)  # type: ignore[arg-type]  # every tree is set above
     bounds = Bounds.of(requests, forest.scores.device)
     if fresh:  # the fresh roots' children (as specexec_growth.search_from_root)
-        device = forest.scores.device
         roots = forest.parents.new_zeros((len(requests), 1))
         counts = [1 if index in fresh else 0 for index in range(len(requests))]
-        valid = None if len(fresh) == len(requests) else torch.tensor(counts, device=device)[:, None] > 0
-        child_lp, child_ids = top_children(requests, root_logits, counts, spec, device)
+        selected = torch.tensor(counts, device=forest.scores.device)[:, None]  # [S, 1]
+        valid = None if len(fresh) == len(requests) else selected > 0
+        child_lp, child_ids = top_children(requests, root_logits, counts, selected, valid, spec)
         forest = add_best_children(forest, roots, valid, child_lp, child_ids, spec.decay, bounds.cuts)
     forest, _ = yield from search(forest, requests, bounds, forwards, spec)
     return forest.trees()
 
 
 def extend_forest(requests: list[TreeRequest], trees: list[Tree], spec: SpeculationConfig,
-                  stop: Callable[[], bool]) -> ForestGrowth:
+                  stop: Callable[[], bool]) -> ForestSearch:
     """The step's scored trees grown on as one forest while their pass runs, as overlap.extension grows each
     (its proposals offered again, then best-first within each request's limits, up to spec.max_depth draft
     forwards, until `stop()` between forwards); each SearchTree counts its extension_forwards. Set up here,
     before the pass is queued (its host syncs wait for the draft alone); the growth runs as it is driven."""
-    searches = [reoffer(SearchTree.of(tree.to(request.drafter.tree_device), request.limits.max_depth), spec,
-                        request.limits) for request, tree in zip(requests, trees, strict=True)]
+    searches = [extension_start(request.drafter, tree, spec, request.limits)
+                for request, tree in zip(requests, trees, strict=True)]
     forest = forest_of(searches, requests, spec)
     return counted(search(forest, requests, Bounds.of(requests, forest.scores.device), [spec.max_depth] * len(requests),
                           spec, stop))
 
 
-def counted(growth: Generator[list[Segment], list[torch.Tensor], tuple[Forest, list[int]]]) -> ForestGrowth:
+def counted(growth: Generator[list[Segment], list[torch.Tensor], tuple[Forest, list[int]]]) -> ForestSearch:
     """An extension's trees, each with the forwards it ran as its extension_forwards."""
     forest, ran = yield from growth
     return [dataclasses.replace(tree, extension_forwards=count) for tree, count in zip(forest.trees(), ran, strict=True)]
@@ -141,6 +140,7 @@ def search(forest: Forest, requests: list[TreeRequest], bounds: Bounds, forwards
     per row), or until `stop()` says so between rounds. Returns the forest and the forwards each tree ran."""
     device = forest.scores.device
     ran = [0] * len(requests)
+    # each drafter's next slot, kept where the forest is (the host knows them too: no copy a round)
     next_slots = torch.tensor([[r.drafter.next_slot] for r in requests], device=device)
     while stop is None or not stop():
         limits = [min(spec.max_expand, r.drafter.room()) if done < most else 0
@@ -162,7 +162,7 @@ def search(forest: Forest, requests: list[TreeRequest], bounds: Bounds, forwards
                 request.drafter.next_slot += count
                 ran[index] += 1
         next_slots = next_slots + selected
-        child_lp, child_ids = top_children(requests, logits, counts, spec, device)
+        child_lp, child_ids = top_children(requests, logits, counts, selected, valid, spec)
         forest = add_best_children(forest, nodes, valid, child_lp, child_ids, spec.decay, bounds.cuts)
     return forest, ran
 
@@ -192,11 +192,12 @@ def segments(requests: list[TreeRequest], inputs: tuple[torch.Tensor, torch.Tens
             for s, (request, start, count) in enumerate(zip(requests, starts, counts, strict=True)) if count]
 
 
-def top_children(requests: list[TreeRequest], logits: list[torch.Tensor], counts: list[int], spec: SpeculationConfig,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def top_children(requests: list[TreeRequest], logits: list[torch.Tensor], counts: list[int], selected: torch.Tensor,
+                 valid: torch.Tensor | None, spec: SpeculationConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The draft's logits of the trees with counts[s] > 0 ([counts[s], vocab] each, in order) -> their
     rows' top-w children under each request's scoring distribution (specexec_growth.draft_log_probs), as
-    ([S, K, w] log-probs (-inf past a tree's count), [S, K, w] token ids) on `device`, K = max(counts)."""
+    ([S, K, w] log-probs (-inf past a tree's count), [S, K, w] token ids) where the forest is, K = max(counts).
+    selected: the counts, [S, 1] there; valid: [S, K], which rows are a tree's (None: all)."""
     asking = [(request, count) for request, count in zip(requests, counts, strict=True) if count]
     parts = [apply_logit_bias(part, request.params.logit_bias) for (request, _), part in zip(asking, logits, strict=True)]
     rows = requests[0].drafter.mask_vocab(parts[0] if len(parts) == 1 else torch.cat(parts))  # [sum(counts), vocab]
@@ -207,13 +208,11 @@ def top_children(requests: list[TreeRequest], logits: list[torch.Tensor], counts
                                    device=rows.device)[:, None]
     elif temperatures[0] != 1.0:
         rows = rows / temperatures[0]
-    child_lp, child_ids = rows.log_softmax(dim=-1).topk(min(spec.max_children, rows.shape[1]), dim=-1)
-    child_lp, child_ids = child_lp.to(device), child_ids.to(device)  # the tree's device (--host-trees: the host)
+    child_lp, child_ids = propose(rows.log_softmax(dim=-1), spec.max_children, selected.device)
     num_trees, num_selected, width = len(requests), max(counts), child_lp.shape[1]
-    if len(set(counts)) > 1:  # rows past a tree's count: a spare row of none
-        offsets = [sum(counts[:s]) for s in range(num_trees)]
-        index = torch.tensor([offsets[s] + j if j < counts[s] else child_lp.shape[0]
-                              for s in range(num_trees) for j in range(num_selected)], device=device)
+    if valid is not None:  # row j of tree s is row (its first) + j of the asking ones'; rows past its count: a spare
+        first = selected.cumsum(0) - selected  # [S, 1]
+        index = torch.where(valid, first + torch.arange(num_selected, device=valid.device), child_lp.shape[0]).flatten()
         child_lp = torch.nn.functional.pad(child_lp, (0, 0, 0, 1), value=float("-inf")).index_select(0, index)
         child_ids = torch.nn.functional.pad(child_ids, (0, 0, 0, 1)).index_select(0, index)
     return child_lp.view(num_trees, num_selected, width), child_ids.view(num_trees, num_selected, width)

@@ -85,9 +85,15 @@ def extension(
     nodes) and the draft cache's room, until `stop()` (the pass is done). Works on a copy: the scored
     tree is left as it is. Returns a SearchTree (its extension_forwards counted): it may hold many times the
     budget, so no ancestor matrix is built for it; its subtree under the step's outcome seeds the next tree."""
-    grown = reoffer(SearchTree.of(tree.to(drafter.tree_device), limits.max_depth), spec, limits)  # own draft slots
     expand = scored_expand(drafter, params, spec)
-    return best_first_search(grown, expand, spec, limits, drafter.room, mask, spec.max_depth, stop)
+    return best_first_search(extension_start(drafter, tree, spec, limits), expand, spec, limits, drafter.room, mask,
+                             spec.max_depth, stop)
+
+
+def extension_start(drafter: Drafter, tree: Tree, spec: SpeculationConfig, limits: GrowLimits) -> SearchTree:
+    """The scored tree as an extension's search state: a copy where the trees grow (its own draft slots), its
+    dropped proposals offered again within `limits`. Host syncs here: before the pass is queued."""
+    return reoffer(SearchTree.of(tree.to(drafter.tree_device), limits.max_depth), spec, limits)
 
 
 def path_nodes(tree: SearchTree, token_ids: list[int]) -> tuple[list[int], list[int]]:

@@ -59,11 +59,8 @@ def grow_tree(
     the forwards a fresh tree would get less those the extension spent on it, at least `seeded_forwards`."""
     expand = scored_expand(drafter, params, spec)
     if seed is not None and not pending_ids:
-        tree = drafter.adopt(seed.trim(limits.budget + 1, limits.max_depth)).widened(limits.max_depth)
-        # the forwards a fresh tree gets, less those its extension already spent (a long pass: few)
-        forwards = max(seeded_forwards, limits.max_depth - 1 - seed.extension_forwards)
-        grown = yield from best_first_search(dataclasses.replace(reoffer(tree, spec, limits), extension_forwards=0),
-                                             expand, spec, limits, drafter.room, mask, forwards)
+        tree, forwards = seeded_start(drafter, seed, spec, limits, seeded_forwards)
+        grown = yield from best_first_search(tree, expand, spec, limits, drafter.room, mask, forwards)
         return grown.tree()
     root_logits = yield from drafter.catch_up(pending_ids, root_id)
     tree = root_tree(root_id, drafter.cache.length, drafter.tree_device)
@@ -72,6 +69,15 @@ def grow_tree(
     )
     grown = yield from search_from_root(tree, root_log_probs, expand, spec, limits, drafter.room, mask)
     return grown.tree()
+
+def seeded_start(drafter: Drafter, seed: SearchTree, spec: SpeculationConfig, limits: GrowLimits,
+                 seeded_forwards: int) -> tuple[SearchTree, int]:
+    """A seed as the step's search state (cut to the limits, its KV adopted, its dropped proposals offered
+    again) and its draft forwards: those a fresh tree gets less those its extension already spent (a long
+    pass: few), at least `seeded_forwards`."""
+    tree = drafter.adopt(seed.trim(limits.budget + 1, limits.max_depth)).widened(limits.max_depth)
+    forwards = max(seeded_forwards, limits.max_depth - 1 - seed.extension_forwards)
+    return dataclasses.replace(reoffer(tree, spec, limits), extension_forwards=0), forwards
 
 def scored_expand(drafter: Drafter, params: SamplingParams, spec: SpeculationConfig) -> ExpandFn:
     """expand(tree, selected) for best-first search: the drafter's forward, as draft_log_probs."""

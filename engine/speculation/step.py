@@ -13,7 +13,7 @@ from engine.model.kv_cache import KVCache
 from engine.model.runner import DecoderRunner, Segment
 from engine.speculation.budget import acceptance_curve, node_indicator
 from engine.speculation.drafter import Drafter, GrowLimits, Growth
-from engine.speculation.forest_growth import TreeRequest, extend_forest, grow_forest
+from engine.speculation.forest_growth import ForestSearch, TreeRequest, extend_forest, grow_forest
 from engine.speculation.logprobs import emitted_logprobs, unpack_logprobs
 from engine.speculation.overlap import SEEDED_FORWARDS, commit_draft, extension
 from engine.speculation.prediction import MATCH as PREDICTION_MATCH
@@ -181,8 +181,7 @@ def extends_in_forest(ctx: StepContext, seq: SequenceState) -> bool:
     return ctx.spec.forest and seq.grammar is None
 
 
-def extension_forest(parts: list[tuple[StepContext, SequenceState, Tree]], stop: Callable[[], bool]
-                     ) -> Generator[list[Segment], list[torch.Tensor], list[SearchTree]]:
+def extension_forest(parts: list[tuple[StepContext, SequenceState, Tree]], stop: Callable[[], bool]) -> ForestSearch:
     """The extensions of `parts` ((ctx, seq, tree), each can_extend and extends_in_forest, their drafters on one
     runner) grown as one forest, set up now (before the pass is queued); each as extension_growth would grow
     it, in the parts' order."""

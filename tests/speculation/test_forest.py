@@ -5,6 +5,8 @@ output is transformers' greedy output, and a failing tree fails its request alon
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -13,7 +15,7 @@ import engine.speculation.forest_growth as forest_module
 import engine.speculation.specexec_growth as specexec_module
 from bench.forest import run_together
 from bench.overlap import slow_passes
-from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
+from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig, SpeculationConfig
 from engine.model.kv_cache import KVCache
 from engine.runtime import Engine
 from engine.speculation import batch as batch_module
@@ -23,7 +25,7 @@ from engine.speculation.overlap import extension
 from engine.speculation.search_tree import SearchTree
 from engine.speculation.specexec_growth import grow_tree
 from engine.speculation.step import prefill
-from engine.types import ConfigError, Request, SamplingParams
+from engine.types import ConfigError, Request, SamplingParams, StructuredOutput
 from tests.helpers.offload_passes import reference_greedy
 from tests.helpers.speculation import config_from_flags
 from tests.helpers.tiny_models import make_tiny_pair
@@ -278,3 +280,31 @@ def test_the_flag_reaches_the_config() -> None:
     assert config("--forest", "off").speculation.forest is False
     with pytest.raises(ConfigError, match="--forest"):  # on or off only
         config("--forest", "auto")
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["overlap-off", "overlap-on"])
+@pytest.mark.parametrize("source", [None, "ram", "disk"], ids=["resident", "ram", "disk"])
+def test_a_forest_beside_a_grammar_request_is_exact_in_every_mode(pair, references, source, overlap) -> None:
+    """Resident, streamed from RAM and from disk, overlap off and on: three greedy requests grow one forest
+    (a grammar request's tree grows on its own in the same draft passes); theirs are transformers' greedy
+    tokens, and the grammar request's text is the one it gets alone (no forest), within its regex."""
+    offload = OffloadConfig(enabled=True, resident_layers=0, source=source) if source else OffloadConfig()
+    engine = Engine.load(EngineConfig(
+        model=ModelConfig(target=pair[0], draft=pair[1]), offload=offload, limits=LimitsConfig(max_context=256),
+        speculation=SpeculationConfig(budget=24, max_depth=6, max_expand=8, max_children=4, overlap=overlap)))
+    structured = greedy(structured_output=StructuredOutput("regex", r"(ab|cd)+e?"))
+    alone = engine.generate_ids(PROMPTS[3], structured)
+    requests = [Request(f"r{i}", prompt, greedy()) for i, prompt in enumerate(PROMPTS[:3])]
+    grown = []
+    forest_growth = batch_module.forest_growth
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batch_module, "forest_growth", lambda parts: grown.append(len(parts)) or forest_growth(parts))
+        for request in [*requests, Request("grammar", PROMPTS[3], structured)]:
+            engine.add_request(request)
+        tokens: dict[str, list[int]] = {request.request_id: [] for request in requests} | {"grammar": []}
+        while engine.num_running:
+            for delta in engine.step().deltas:
+                tokens[delta.request_id] += delta.token_ids
+    assert [tokens[f"r{i}"] for i in range(3)] == references[:3]
+    assert tokens["grammar"] == alone and re.fullmatch(r"(ab|cd)+e?", engine.tokenizer.decode(alone, skip_special_tokens=True))
+    assert grown and max(grown) == 3
