@@ -19,31 +19,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench import module_main
+from bench.ops import OpCounter
 from bench.prompts import encode_prompt, select_prompts
 from engine.cli import DEFAULT_MODELS
 from engine.config import EngineConfig, LimitsConfig, ModelConfig, SpeculationConfig
 from engine.runtime import Engine
 from engine.speculation import batch as batch_module
 from engine.types import Request, SamplingParams
-
-VIEWS = frozenset({"view", "unsqueeze", "expand", "slice", "select", "alias", "lift_fresh", "t", "permute", "squeeze",
-                   "as_strided", "_unsafe_view", "detach", "split", "split_with_sizes", "unbind"})
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts the tensor ops that run a kernel (views aside) while `on`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count, self.on = 0, True
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.on and func.__name__.split(".")[0] not in VIEWS:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 @dataclass
@@ -65,7 +49,7 @@ class GrowthTotals:
 def measured_growth(engine: Engine, count_ops: bool) -> Iterator[GrowthTotals]:
     """While inside, every step's tree growth is timed (and its ops counted: slower) into the totals."""
     totals, draft = GrowthTotals(), engine.pair.draft
-    counter = OpCounter() if count_ops else None
+    counter = OpCounter(kernels_only=True) if count_ops else None
     forward_groups, grow_trees = draft.forward_groups, batch_module.grow_trees
 
     def timed_pass(groups):

@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.gpu_check.context import CheckContext
 from bench.gpu_check.fullshape_build import DRAFT_LOGIT_STD, build_draft
+from bench.ops import OpCounter
 from bench.small_pass import CACHE_SLOTS, tree_segment
 from engine.model.draft_graphs import DraftGraphs
 from engine.model.kv_cache import KVCache
@@ -49,16 +49,6 @@ class DraftPassRow:
     held_mb: float | None  # CUDA: device memory the caching allocator reserved while this shape first ran
     # (its graph's pool and buffers, or eager workspaces); None on a CPU
     peak_mb: float | None  # CUDA: allocation peak over the timed forwards, above what was allocated before
-
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def draft_heads(ctx: CheckContext, seed: int) -> dict[str, torch.Tensor]:

@@ -96,8 +96,7 @@ def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
     if ctx.spec.method == "autoregressive" or max_depth < 1:
         tree = Tree.single(seq.root_id, ctx.target_cache.device)
     else:
-        pending = seq.token_ids[ctx.drafter.cache.length : len(seq.token_ids) - 1]
-        limits = GrowLimits(budget=ctx.budget, max_depth=max_depth, stop_mask=ctx.stop_mask)
+        pending, limits = draft_pending(ctx, seq), tree_limits(ctx, max_depth)
         if ctx.spec.method == "specinfer":
             growth = grow_sampled_tree(ctx.drafter, seq.root_id, pending, seq.params, limits, seq.generator, mask)
         elif ctx.spec.method == "rrs":
@@ -113,6 +112,16 @@ def tree_growth(ctx: StepContext, seq: SequenceState, max_depth: int) -> Growth:
     if grammar is not None:
         tree.allowed = grammar.bitmask(tree)
     return tree
+
+
+def draft_pending(ctx: StepContext, seq: SequenceState) -> list[int]:
+    """Committed tokens the draft has not seen (the root excluded): its catch-up feeds them."""
+    return seq.token_ids[ctx.drafter.cache.length : len(seq.token_ids) - 1]
+
+
+def tree_limits(ctx: StepContext, max_depth: int) -> GrowLimits:
+    """The step's tree limits: its share of the budget, `max_depth`, the request's stop tokens."""
+    return GrowLimits(budget=ctx.budget, max_depth=max_depth, stop_mask=ctx.stop_mask)
 
 
 def finished_tree(ctx: StepContext, seq: SequenceState, tree: Tree, max_depth: int) -> Tree:
@@ -140,9 +149,8 @@ def forest_growth(parts: list[tuple[StepContext, SequenceState, int]]) -> Forest
     requests = []
     for ctx, seq, max_depth in parts:
         seed, ctx.seed = ctx.seed, None
-        pending = seq.token_ids[ctx.drafter.cache.length : len(seq.token_ids) - 1]
-        limits = GrowLimits(budget=ctx.budget, max_depth=max_depth, stop_mask=ctx.stop_mask)
-        requests.append(TreeRequest(ctx.drafter, seq.params, limits, seq.root_id, pending, seed))
+        requests.append(TreeRequest(ctx.drafter, seq.params, tree_limits(ctx, max_depth), seq.root_id,
+                                    draft_pending(ctx, seq), seed))
     grown = yield from grow_forest(requests, parts[0][0].spec, SEEDED_FORWARDS)
     return [finished_tree(ctx, seq, tree.tree(), max_depth)
             for (ctx, seq, max_depth), tree in zip(parts, grown, strict=True)]
