@@ -9,7 +9,9 @@
 #                                        # the draft phase with trees on the device and on the host, per tree
 #                                        # or as a forest (growth),
 #                                        # then the full shape per draft variant: graphs, 8x extensions, host
-#                                        # trees (bench/gpu_check/plan.py FullShape.variants; ~6-9 min)
+#                                        # trees, a fresh tree's forwards capped at 8 (bench/gpu_check/plan.py
+#                                        # FullShape.variants, in order of worth; --seconds: those the time left
+#                                        # cannot hold are not run, the tables print what ran; ~6-9 min)
 # Stage 1 runs the full shape with the int4 dequantization compiled into one kernel per shape
 # (SPECEXEC_INT4_DEQUANT=compiled, the default where triton is installed); its kernel table compares it
 # with the eager one and tinygemm.
@@ -27,7 +29,7 @@ case "$stage" in
         tests/speculation/test_forest.py > "$out/cuda-tests.log" 2>&1
     tail -3 "$out/cuda-tests.log"
     SPECEXEC_INT4_DEQUANT=compiled timeout 280 bash scripts/gpu-check.sh --out "$out/fullshape.md" \
-        --work-dir /tmp/gpucheck --sections header,fullshape > "$out/fullshape.log" 2>&1
+        --work-dir /tmp/gpucheck --sections header,fullshape --seconds 265 > "$out/fullshape.log" 2>&1
     tail -n 3 "$out/fullshape.log"
     ;;
   2)
@@ -50,7 +52,7 @@ case "$stage" in
         --sections header,draftpass,growth > "$out/draftpass.log" 2>&1
     tail -n 3 "$out/draftpass.log"
     SPECEXEC_INT4_DEQUANT=compiled timeout 330 bash scripts/gpu-check.sh --out "$out/fullshape.md" \
-        --work-dir /tmp/gpucheck --sections header,fullshape > "$out/fullshape.log" 2>&1
+        --work-dir /tmp/gpucheck --sections header,fullshape --seconds 315 > "$out/fullshape.log" 2>&1
     tail -n 3 "$out/fullshape.log"
     ;;
   *)

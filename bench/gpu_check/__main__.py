@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)} (default: all)"
     )
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="the run's time budget: the full-shape section starts no draft variant after the first "
+                             "that its last variant's time would take past it (the tables print what ran)")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests: run on the CPU
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: tiny shapes
     return parser.parse_args(argv)
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
     report = Report(args.out)
     plan = TINY if args.tiny else FULL
-    ctx = CheckContext(plan, device, dtype, work_dir, report)
+    deadline = None if args.seconds is None else report.begin + args.seconds
+    ctx = CheckContext(plan, device, dtype, work_dir, report, deadline=deadline)
     report.line(f"# GPU check{' (tiny shapes, test mode)' if args.tiny else ''}")
     for name in names:
         run_section(ctx, name)

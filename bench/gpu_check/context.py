@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,11 @@ class CheckContext:
     report: Report
     checkpoints: Checkpoints | None = None
     facts: dict[str, float] = field(default_factory=dict)  # figures later sections reuse (copy bandwidth)
+    deadline: float | None = None  # time.perf_counter() by which the run should end (--seconds); None: no limit
+
+    def time_left(self) -> float:
+        """Seconds until the deadline (inf without one)."""
+        return math.inf if self.deadline is None else self.deadline - time.perf_counter()
 
     def built(self) -> Checkpoints:
         if self.checkpoints is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 import time
 
 import torch
@@ -23,6 +24,7 @@ from bench.gpu_check.fullshape_report import (
     print_passes,
     print_steps,
     print_users,
+    progress,
 )
 from bench.gpu_check.plan import DraftVariant
 from bench.gpu_check.probes import GB, peak_bytes, reset_peak
@@ -32,6 +34,7 @@ from engine.types import PassStats, Request, SamplingParams
 
 MAX_JOIN_STEPS = 200  # the joining prompt's first token within this many steps and seconds, or the table
 MAX_JOIN_SECONDS = 90.0  # says how far it got
+VARIANT_MARGIN = 1.3  # a draft variant starts only when its predecessor's time x this is left before --seconds
 
 
 def greedy(tokens: int) -> SamplingParams:
@@ -139,8 +142,30 @@ def run_sections(ctx: CheckContext, engine: Engine) -> None:
     tree_sizes = sorted({1, *(budget + 1 for budget in full.budgets)})
     passes = pass_rows(engine.pair.target, full, ctx.device, tree_sizes)
     print_passes(ctx, passes)
-    rows = [step_row(ctx, engine, budget, overlap, streams, draft) for draft in full.variants
-            for budget in full.budgets for overlap in (False, True) for streams in full.streams]
+    begin = time.perf_counter()
+    rows = variant_rows(ctx, engine, full.variants[0])
+    last_seconds = time.perf_counter() - begin
+    join = join_gaps(ctx, engine)  # measured after the baseline's rows: a run short of time still has it
+    for index, draft in enumerate(full.variants[1:], start=1):
+        if ctx.time_left() < last_seconds * VARIANT_MARGIN:
+            skipped = ", ".join(v.name for v in full.variants[index:])
+            ctx.report.line(f"Not run: draft variants {skipped} (the run's --seconds left {ctx.time_left():.0f} s, "
+                            f"a variant took {last_seconds:.0f} s).")
+            break
+        begin = time.perf_counter()
+        rows += variant_rows(ctx, engine, draft)
+        last_seconds = time.perf_counter() - begin
     print_steps(ctx, rows, passes)
-    print_join(ctx, *join_gaps(ctx, engine))
+    print_join(ctx, *join)
     print_users(ctx, rows, passes, streamed_gb(engine) * GB)
+
+
+def variant_rows(ctx: CheckContext, engine: Engine, draft: DraftVariant) -> list[StepRow]:
+    """One draft variant's rows (budget x overlap x streams), each printed to stderr (the log) as it is measured."""
+    full, rows = ctx.plan.full, []
+    for budget in full.budgets:
+        for overlap in (False, True):
+            for streams in full.streams:
+                rows.append(step_row(ctx, engine, budget, overlap, streams, draft))
+                print(f"row: {progress(rows[-1])}", file=sys.stderr, flush=True)  # the log, not the report
+    return rows

@@ -50,6 +50,14 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
+def progress(r: StepRow) -> str:
+    """One step row as a log line (the tables print once every variant ran)."""
+    return (f"{r.draft}, budget {r.budget}, overlap {'on' if r.overlap else 'off'}, {r.streams} stream(s): draft "
+            f"{ms(r.median('draft_seconds'))} ms, pass {ms(r.median('target_seconds'))} ms, step "
+            f"{ms(r.median('step_seconds'))} ms, {r.median('extension_forwards'):.0f} forwards during the pass, "
+            f"{r.tokens_per_pass:.2f} tokens/pass, {r.tokens_per_second:.2f} tokens/s")
+
+
 def print_kernels(ctx: CheckContext, rows: list[KernelRow]) -> None:
     full, report = ctx.plan.full, ctx.report
     layers = full.num_layers

@@ -40,10 +40,13 @@ class FullShape:
     memory_cap_gb: float = 23.0  # the caching allocator's cap (a 24 GB card, less the CUDA context)
     budgets: tuple[int, ...] = (256, 1024)
     streams: tuple[int, ...] = (1, 4)
-    # the first variant is the baseline the others are compared with (graphs off / on: docs/bench/gpu.md, run 3)
+    # the first variant is the baseline the others are compared with (graphs off / on: docs/bench/gpu.md, run 3);
+    # in order of worth: with --seconds, those the time left cannot hold are not run
     variants: tuple[DraftVariant, ...] = (DraftVariant("graphs"), DraftVariant("graphs, 8x extension", extension_factor=8),
                                           DraftVariant("graphs, 8x extension, host trees", host_trees=True,
-                                                       extension_factor=8))
+                                                       extension_factor=8),
+                                          DraftVariant("graphs, 8x extension, fresh 8", extension_factor=8,
+                                                       fresh_forwards=8))
     prompt_len: int = 64  # each stream's prompt
     warmup_steps: int = 2  # steps before the measured ones (each stream's prefill, a seed to grow from)
     measured_steps: int = 3

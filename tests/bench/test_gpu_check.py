@@ -19,7 +19,7 @@ from bench.gpu_check import equality, links
 from bench.gpu_check.__main__ import SECTIONS, main
 from bench.gpu_check.build import build_checkpoints
 from bench.gpu_check.context import CheckContext
-from bench.gpu_check.plan import TINY
+from bench.gpu_check.plan import TINY, DraftVariant
 from bench.gpu_check.probes import attention_backends, site_summary, sync_sites
 from bench.gpu_check.report import Report
 from bench.offload import streamed_runner
@@ -139,6 +139,24 @@ def test_tiny_full_shape_section_runs_every_table(tmp_path, capsys):
     assert len(table(text, "median step before ms")) == 1
     users = table(text, "acceptance (tokens per pass)")
     assert users[-1][0] == "autoregressive (same run)" and len(users) == 4
+
+
+def test_a_run_short_of_time_skips_the_later_draft_variants_and_still_prints_every_table(tmp_path, capsys, monkeypatch):
+    """--seconds: past the deadline no further draft variant starts; the baseline's rows, the join and the
+    user table still print, and each measured row went to the log as it was measured."""
+    import bench.gpu_check.__main__ as entry
+
+    variants = (DraftVariant("eager", graphs=False), DraftVariant("graphs"), DraftVariant("graphs, fresh 8", fresh_forwards=8))
+    monkeypatch.setattr(entry, "TINY", dataclasses.replace(TINY, full=dataclasses.replace(TINY.full, variants=variants)))
+    args = ["--allow-cpu", "--tiny", "--work-dir", str(tmp_path), "--sections", "fullshape", "--seconds", "0"]
+    assert main(args) == 0
+    text, log = capsys.readouterr()
+    assert "Not run: draft variants graphs, graphs, fresh 8 (the run's --seconds left" in text
+    steps = table(text, "budget", "overlap", "streams")
+    assert {r[-1] for r in steps} == {"eager"} and len(steps) == 2 * 2 * len(TINY.full.streams)
+    assert sum(line.startswith("row: eager, budget") for line in log.splitlines()) == len(steps)
+    assert len(table(text, "median step before ms")) == 1
+    assert table(text, "acceptance (tokens per pass)")[-1][0] == "autoregressive (same run)"
 
 
 def test_the_built_weights_are_non_zero_and_differ_between_layers(tmp_path):
