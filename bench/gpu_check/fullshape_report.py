@@ -13,6 +13,8 @@ from engine.types import PassStats
 PASS_GOAL = 1.15  # streamed pass / max(copy, compute) at budget 256
 OVERLAP_GOAL = 1.15  # tokens/s with overlap on / off, where the pass is copy-bound
 STREAMS_GOAL = 3.0  # 4 streams' tokens/s / 1 stream's
+VERDICT_GAIN = 1.03  # a draft variant pays with this geometric mean of its tokens/s over the variant it adds to ...
+VERDICT_FLOOR = 0.97  # ... and no row below this
 JOIN_GOAL = 2.0  # the running stream's longest gap while a prompt joins / its median gap before
 PCIE4_GBPS = 25.0  # pinned host -> device on PCIe 4.0 x16: 31.5 GB/s theoretical, ~25 measured (bandwidthTest)
 ACCEPTANCES = (  # tokens per pass at budget 256
@@ -151,6 +153,29 @@ def print_steps(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow]) -
         report.row(budget, "on" if overlap else "off", streams, draft,
                    f"{row.tokens_per_second / base.tokens_per_second:.2f}x",
                    f"{ms(row.median('draft_seconds'))} / {ms(base.median('draft_seconds'))}")
+    print_verdicts(ctx, rows)
+
+
+def print_verdicts(ctx: CheckContext, rows: list[StepRow]) -> None:
+    """Each draft variant against the one it adds to (DraftVariant.versus; the baseline by default) over the
+    rows both ran: whether it pays (VERDICT_GAIN in the geometric mean, no row below VERDICT_FLOOR), so a
+    default can be chosen from the table alone."""
+    variants = ctx.plan.full.variants
+    by_key = {(r.draft, r.budget, r.overlap, r.streams): r for r in rows}
+    ran = {r.draft for r in rows}
+    compared = [(v.name, v.versus or variants[0].name) for v in variants[1:] if v.name in ran]
+    if not compared:
+        return
+    ctx.report.table("draft", "versus", "rows", "tokens/s ratio: geometric mean", "lowest", "highest", "verdict")
+    for name, versus in compared:
+        ratios = [r.tokens_per_second / other.tokens_per_second for r in rows if r.draft == name
+                  and (other := by_key.get((versus, r.budget, r.overlap, r.streams))) is not None]
+        if not ratios:
+            continue
+        mean = statistics.geometric_mean(ratios)
+        pays = mean >= VERDICT_GAIN and min(ratios) >= VERDICT_FLOOR
+        ctx.report.row(name, versus, len(ratios), f"{mean:.3f}x", f"{min(ratios):.2f}x", f"{max(ratios):.2f}x",
+                       "pays" if pays else "does not pay")
 
 
 def print_join(ctx: CheckContext, median_before: float, longest_after: float, steps: int, waited: float,

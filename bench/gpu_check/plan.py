@@ -16,6 +16,7 @@ class DraftVariant:
     host_trees: bool = False  # SpecExec trees grown on the host (--host-trees)
     extension_factor: int = EXTENSION_FACTOR  # overlap extensions grow to this many times the budget
     fresh_forwards: int = 0  # beside seeded trees, a fresh tree's draft forwards before the pass (0: no cap)
+    versus: str | None = None  # the variant whose rows its verdict compares with (None: the first, the baseline)
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,9 @@ class FullShape:
     # in order of worth: with --seconds, those the time left cannot hold are not run
     variants: tuple[DraftVariant, ...] = (DraftVariant("graphs"), DraftVariant("graphs, 8x extension", extension_factor=8),
                                           DraftVariant("graphs, 8x extension, host trees", host_trees=True,
-                                                       extension_factor=8),
+                                                       extension_factor=8, versus="graphs, 8x extension"),
                                           DraftVariant("graphs, 8x extension, fresh 8", extension_factor=8,
-                                                       fresh_forwards=8))
+                                                       fresh_forwards=8, versus="graphs, 8x extension"))
     prompt_len: int = 64  # each stream's prompt
     warmup_steps: int = 2  # steps before the measured ones (each stream's prefill, a seed to grow from)
     measured_steps: int = 3

@@ -136,6 +136,9 @@ def test_tiny_full_shape_section_runs_every_table(tmp_path, capsys):
     assert all(int(r[4]) > 0 for r in steps)  # draft forwards before the pass
     assert all(r[9] == "0" for r in steps if r[1] == "off") and any(int(r[9]) > 0 for r in steps if r[1] == "on")
     assert len(table(text, "budget", "overlap", "streams", "draft", "tokens/s / eager's")) == 8
+    verdicts = table(text, "draft", "versus", "rows", "tokens/s ratio: geometric mean")
+    assert [(r[0], r[1], r[2]) for r in verdicts] == [("graphs, 8x extension, host trees", "eager", "8")]
+    assert verdicts[0][-1] in ("pays", "does not pay")
     assert len(table(text, "median step before ms")) == 1
     users = table(text, "acceptance (tokens per pass)")
     assert users[-1][0] == "autoregressive (same run)" and len(users) == 4
