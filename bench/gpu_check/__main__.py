@@ -50,8 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)} (default: all)"
     )
     parser.add_argument("--seconds", type=float, default=None,
-                        help="the run's time budget: the full-shape section starts no draft variant after the first "
-                             "that its last variant's time would take past it (the tables print what ran)")
+                        help="the run's time budget in seconds: the full-shape section runs its first draft variant, "
+                             "then each next one only while the last one's time fits in what is left (the tables "
+                             "print what ran)")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests: run on the CPU
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: tiny shapes
     return parser.parse_args(argv)
