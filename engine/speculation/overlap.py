@@ -91,9 +91,13 @@ def extension(
 
 
 def extension_start(drafter: Drafter, tree: Tree, spec: SpeculationConfig, limits: GrowLimits) -> SearchTree:
-    """The scored tree as an extension's search state: a copy where the trees grow (its own draft slots), its
-    dropped proposals offered again within `limits`. Host syncs here: before the pass is queued."""
-    return reoffer(SearchTree.of(tree.to(drafter.tree_device), limits.max_depth), spec, limits)
+    """The scored tree as an extension's search state: a copy where the trees grow (its own draft slots),
+    scored as if its most likely path were accepted (SearchTree.conditioned_on_best_path: the next step's
+    root is most likely a child of that path's leaf, and a seed is worth what it holds under it; by global
+    scores the deep subtree there ranks below every shallow sibling), its dropped proposals offered again
+    within `limits`. Host syncs here: before the pass is queued."""
+    search = SearchTree.of(tree.to(drafter.tree_device), limits.max_depth)
+    return reoffer(search.conditioned_on_best_path(), spec, limits)
 
 
 def path_nodes(tree: SearchTree, token_ids: list[int]) -> tuple[list[int], list[int]]:

@@ -71,7 +71,8 @@ class SearchTree:
         return dataclasses.replace(self, paths=torch.nn.functional.pad(self.paths, (0, missing), value=-1))
 
     def keep(self, nodes: torch.Tensor) -> SearchTree:
-        """The tree restricted to `nodes` ([m] ascending indices, closed under ancestors, the root first)."""
+        """The tree restricted to `nodes` ([m] indices, closed under ancestors, the root first; in their order:
+        ascending, or any order with parents before children)."""
         new_index = renumbering(nodes, self.num_nodes)
         return SearchTree(
             token_ids=self.token_ids[nodes],
@@ -93,6 +94,27 @@ class SearchTree:
         sub.parents[0] = -1
         paths = torch.nn.functional.pad(sub.paths[:, depth:], (0, depth), value=-1)  # dropped ancestors: -1 anyway
         return dataclasses.replace(sub, depths=sub.depths - depth, scores=sub.scores - sub.scores[0], paths=paths)
+
+    def conditioned_on_best_path(self) -> SearchTree:
+        """The tree re-scored as if its most likely path (from the root, each node's best child, to a leaf) were
+        accepted: a node's score less that of its deepest ancestor on the path (itself if on it), so the path
+        scores 0 and the subtree under its leaf ranks as a fresh tree rooted there. Re-sorted (index order stays
+        score order, parents before children: a child scores at most its parent). Any subtree that holds no
+        path node keeps its scores relative to its own root (SearchTree.subtree)."""
+        num_nodes = self.num_nodes
+        nodes = torch.arange(num_nodes, device=self.parents.device)
+        # a node's best child is its first in index (score) order
+        best_child = torch.full((num_nodes,), num_nodes, dtype=torch.long, device=nodes.device)
+        best_child.scatter_reduce_(0, self.parents[1:], nodes[1:], reduce="amin")
+        is_best = torch.ones(num_nodes, dtype=torch.bool, device=nodes.device)
+        is_best[1:] = best_child[self.parents[1:]] == nodes[1:]
+        # on the path: every node of its own path is its parent's best child; those nodes are a prefix of a path
+        on_path = (is_best[self.paths.clamp(min=0)] | (self.paths < 0)).all(dim=1)  # [n]
+        path_depth = (on_path[self.paths.clamp(min=0)] & (self.paths >= 0)).sum(dim=1) - 1  # [n], >= 0 (the root)
+        anchor = self.paths.gather(1, path_depth[:, None]).squeeze(1)  # [n] the deepest path node above each
+        scores = self.scores - self.scores[anchor]
+        order = torch.sort(scores, descending=True, stable=True).indices
+        return dataclasses.replace(self.keep(order), scores=scores[order])
 
     def trim(self, max_nodes: int, max_depth: int) -> SearchTree:
         """The first `max_nodes` nodes no deeper than `max_depth` (an index prefix of an ancestor-closed set

@@ -1,0 +1,104 @@
+"""`python -m bench.seeds`: what overlap's extensions leave the next step, on a pair whose trees are deep.
+
+The pair is gpu-check's aligned random pair at its tiny CPU shape (bench.gpu_check.fullshape_build: the
+target's logits are the draft's, sharper, so a greedy tree's best path is accepted and a step emits ~18
+tokens, as a 70B pair with a good draft does), every target pass slowed to `--slow-pass-ms` with a host sleep
+(a copy-bound pass that leaves the CPU to the draft, as bench.overlap's). Per budget x streams x (overlap off;
+on at each extension factor): over the steps after the first two, tokens a pass, draft forwards before the
+pass and during it, trees grown from a seed a step, draft ms and tokens/s, and a digest of every request's
+tokens, the same in every row of a budget x streams.
+
+    python -m bench.seeds [--budgets 256 1024] [--streams 1 2] [--factors 2 8] [--slow-pass-ms 150] [--steps 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import statistics
+
+import torch
+
+from bench import module_main
+from bench.gpu_check.fullshape_build import build_engine
+from bench.gpu_check.plan import TINY
+from bench.overlap import slow_passes
+from engine.runtime import Engine
+from engine.types import Request, SamplingParams
+
+WARMUP_STEPS = 2  # the prefill step, and one to grow a first seed from
+
+
+def row(engine: Engine, budget: int, streams: int, factor: int | None, steps: int) -> dict:
+    """factor None: overlap off."""
+    spec = dataclasses.replace(engine.config.speculation, budget=budget, overlap=factor is not None,
+                               extension_factor=factor or 2)
+    engine = engine.with_speculation(spec)
+    ids = [f"b{budget}-s{streams}-f{factor}-{i}" for i in range(streams)]
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+    for index, rid in enumerate(ids):
+        prompt = torch.randint(3, TINY.full.vocab_size, (16,), generator=torch.Generator().manual_seed(index)).tolist()
+        engine.add_request(Request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=40 * steps, ignore_eos=True)))
+    stats = []
+    try:
+        for step in range(steps):
+            output = engine.step()
+            assert not output.failures, output.failures
+            for delta in output.deltas:
+                tokens[delta.request_id] += delta.token_ids
+            if step >= WARMUP_STEPS and output.stats is not None:
+                stats.append(output.stats)
+    finally:
+        for rid in ids:
+            engine.abort_request(rid)
+    common = min(len(t) for t in tokens.values())  # the same prefix of every request, whatever the step sizes
+    mean = lambda field: statistics.mean(getattr(s, field) for s in stats)  # noqa: E731
+    return {"budget": budget, "streams": streams, "factor": factor, "tokens_per_pass": mean("num_emitted"),
+            "before": mean("draft_forwards"), "during": mean("extension_forwards"), "seeded": mean("seeded_trees"),
+            "draft_ms": 1e3 * mean("draft_seconds"),
+            "tokens_per_s": sum(s.num_emitted for s in stats) / sum(s.step_seconds for s in stats),
+            "digest": hashlib.sha256(repr([t[:common] for t in tokens.values()]).encode()).hexdigest()[:12]}
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    full = dataclasses.replace(TINY.full, budgets=(max(args.budgets),), streams=(max(args.streams),), max_context=4096)
+    engine = build_engine(full, torch.device("cpu"), torch.float32, seed=0)
+    slow_passes(engine, args.slow_pass_ms / 1000)
+    print(f"aligned random pair (tiny shape), CPU, {torch.get_num_threads()} thread(s); greedy; every target pass "
+          f">= {args.slow_pass_ms:g} ms; {args.steps} steps, the first {WARMUP_STEPS} not counted")
+    print("\n| budget | streams | overlap | tokens/pass | draft forwards before the pass | during it | seeded trees "
+          "| draft ms | tokens/s | digest |")
+    print("|--:|--:|---|--:|--:|--:|--:|--:|--:|---|")
+    ok = True
+    try:
+        for budget in args.budgets:
+            for streams in args.streams:
+                digests = set()
+                for factor in [None, *args.factors]:
+                    r = row(engine, budget, streams, factor, args.steps)
+                    digests.add(r["digest"])
+                    print(f"| {budget} | {streams} | {'off' if factor is None else f'on, {factor}x'} | "
+                          f"{r['tokens_per_pass']:.2f} | {r['before']:.1f} | {r['during']:.1f} | "
+                          f"{r['seeded']:.2f} / {streams} | {r['draft_ms']:.1f} | {r['tokens_per_s']:.1f} | "
+                          f"{r['digest']} |", flush=True)
+                ok &= len(digests) == 1
+    finally:
+        engine.close()
+    if not ok:
+        print("MISMATCH: a row's tokens differ from overlap off's")
+    return 0 if ok else 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--budgets", type=int, nargs="*", default=[256, 1024], help="tree budgets")
+    parser.add_argument("--streams", type=int, nargs="*", default=[1, 2], help="requests run together (at most 2)")
+    parser.add_argument("--factors", type=int, nargs="*", default=[2, 8], help="extension factors, overlap on")
+    parser.add_argument("--slow-pass-ms", type=float, default=150.0, help="every target pass lasts at least this")
+    parser.add_argument("--steps", type=int, default=12, help="engine steps a row")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+
+
+if __name__ == "__main__":
+    module_main("bench.seeds", __doc__, add_arguments, run)
