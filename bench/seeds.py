@@ -53,7 +53,10 @@ def row(engine: Engine, budget: int, streams: int, factor: int | None, steps: in
         for rid in ids:
             engine.abort_request(rid)
     common = min(len(t) for t in tokens.values())  # the same prefix of every request, whatever the step sizes
-    mean = lambda field: statistics.mean(getattr(s, field) for s in stats)  # noqa: E731
+
+    def mean(field: str) -> float:
+        return statistics.mean(getattr(s, field) for s in stats)
+
     return {"budget": budget, "streams": streams, "factor": factor, "tokens_per_pass": mean("num_emitted"),
             "before": mean("draft_forwards"), "during": mean("extension_forwards"), "seeded": mean("seeded_trees"),
             "draft_ms": 1e3 * mean("draft_seconds"),
