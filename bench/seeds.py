@@ -6,7 +6,7 @@ tokens, as a 70B pair with a good draft does), every target pass slowed to `--sl
 (a copy-bound pass that leaves the CPU to the draft, as bench.overlap's). Per budget x streams x (overlap off;
 on at each extension factor): over the steps after the first two, tokens a pass, draft forwards before the
 pass and during it, trees grown from a seed a step, draft ms and tokens/s, and a digest of every request's
-tokens, the same in every row of a budget x streams.
+tokens (cut to the shortest of the budget x streams' rows), the same in every row of a budget x streams.
 
     python -m bench.seeds [--budgets 256 1024] [--streams 1 2] [--factors 2 8] [--slow-pass-ms 150] [--steps 12]
 """
@@ -21,9 +21,11 @@ import statistics
 import torch
 
 from bench import module_main
+from bench.gpu_check.fullshape import run_steps
 from bench.gpu_check.fullshape_build import build_engine
 from bench.gpu_check.plan import TINY
 from bench.overlap import slow_passes
+from engine.config import EXTENSION_FACTOR
 from engine.runtime import Engine
 from engine.types import Request, SamplingParams
 
@@ -33,26 +35,12 @@ WARMUP_STEPS = 2  # the prefill step, and one to grow a first seed from
 def row(engine: Engine, budget: int, streams: int, factor: int | None, steps: int) -> dict:
     """factor None: overlap off."""
     spec = dataclasses.replace(engine.config.speculation, budget=budget, overlap=factor is not None,
-                               extension_factor=factor or 2)
-    engine = engine.with_speculation(spec)
-    ids = [f"b{budget}-s{streams}-f{factor}-{i}" for i in range(streams)]
-    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
-    for index, rid in enumerate(ids):
-        prompt = torch.randint(3, TINY.full.vocab_size, (16,), generator=torch.Generator().manual_seed(index)).tolist()
-        engine.add_request(Request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=40 * steps, ignore_eos=True)))
-    stats = []
-    try:
-        for step in range(steps):
-            output = engine.step()
-            assert not output.failures, output.failures
-            for delta in output.deltas:
-                tokens[delta.request_id] += delta.token_ids
-            if step >= WARMUP_STEPS and output.stats is not None:
-                stats.append(output.stats)
-    finally:
-        for rid in ids:
-            engine.abort_request(rid)
-    common = min(len(t) for t in tokens.values())  # the same prefix of every request, whatever the step sizes
+                               extension_factor=factor or EXTENSION_FACTOR)
+    requests = [Request(f"b{budget}-s{streams}-f{factor}-{i}",
+                        torch.randint(3, TINY.full.vocab_size, (16,), generator=torch.Generator().manual_seed(i)).tolist(),
+                        SamplingParams(temperature=0.0, max_tokens=40 * steps, ignore_eos=True)) for i in range(streams)]
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    stats = run_steps(engine.with_speculation(spec), requests, WARMUP_STEPS, steps - WARMUP_STEPS, tokens)
 
     def mean(field: str) -> float:
         return statistics.mean(getattr(s, field) for s in stats)
@@ -61,7 +49,7 @@ def row(engine: Engine, budget: int, streams: int, factor: int | None, steps: in
             "before": mean("draft_forwards"), "during": mean("extension_forwards"), "seeded": mean("seeded_trees"),
             "draft_ms": 1e3 * mean("draft_seconds"),
             "tokens_per_s": sum(s.num_emitted for s in stats) / sum(s.step_seconds for s in stats),
-            "digest": hashlib.sha256(repr([t[:common] for t in tokens.values()]).encode()).hexdigest()[:12]}
+            "tokens": list(tokens.values())}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,15 +66,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         for budget in args.budgets:
             for streams in args.streams:
-                digests = set()
-                for factor in [None, *args.factors]:
-                    r = row(engine, budget, streams, factor, args.steps)
-                    digests.add(r["digest"])
-                    print(f"| {budget} | {streams} | {'off' if factor is None else f'on, {factor}x'} | "
-                          f"{r['tokens_per_pass']:.2f} | {r['before']:.1f} | {r['during']:.1f} | "
-                          f"{r['seeded']:.2f} / {streams} | {r['draft_ms']:.1f} | {r['tokens_per_s']:.1f} | "
-                          f"{r['digest']} |", flush=True)
-                ok &= len(digests) == 1
+                rows = [row(engine, budget, streams, factor, args.steps) for factor in [None, *args.factors]]
+                # every row's requests to the same length (rows emit different counts in their steps)
+                common = min(len(t) for r in rows for t in r["tokens"])
+                digests = [hashlib.sha256(repr([t[:common] for t in r["tokens"]]).encode()).hexdigest()[:12]
+                           for r in rows]
+                for r, digest in zip(rows, digests, strict=True):
+                    overlap = "off" if r["factor"] is None else f"on, {r['factor']}x"
+                    print(f"| {budget} | {streams} | {overlap} | {r['tokens_per_pass']:.2f} | {r['before']:.1f} | "
+                          f"{r['during']:.1f} | {r['seeded']:.2f} / {streams} | {r['draft_ms']:.1f} | "
+                          f"{r['tokens_per_s']:.1f} | {digest} |", flush=True)
+                ok &= len(set(digests)) == 1
     finally:
         engine.close()
     if not ok:

@@ -114,7 +114,7 @@ class SearchTree:
         anchor = self.paths.gather(1, path_depth[:, None]).squeeze(1)  # [n] the deepest path node above each
         scores = self.scores - self.scores[anchor]
         order = torch.sort(scores, descending=True, stable=True).indices
-        return dataclasses.replace(self.keep(order), scores=scores[order])
+        return dataclasses.replace(self, scores=scores).keep(order)
 
     def trim(self, max_nodes: int, max_depth: int) -> SearchTree:
         """The first `max_nodes` nodes no deeper than `max_depth` (an index prefix of an ancestor-closed set
