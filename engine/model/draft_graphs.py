@@ -34,6 +34,7 @@ import torch
 from engine.model.hf_attention import GroupInputs, engine_attention
 from engine.model.kv_cache import KVBlock
 from engine.model.runner import DecoderRunner, ResidentLayers, Segment
+from engine.offload.device import main_thread_stream
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ class StaticPass:
         work and before what it queues next, and without torch.cuda.graph's device-wide synchronize (a
         target pass may be running on another stream: thread_local lets its thread go on while this captures)."""
         current = torch.cuda.current_stream(self.runner.device)
-        side = torch.cuda.Stream(self.runner.device)
+        side = main_thread_stream(self.runner.device)  # never a stream the loader or the pass's thread queues on
         side.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(side):

@@ -61,6 +61,31 @@ class PhaseClock:
         return [begin.elapsed_time(end) / 1000 for begin, end in pairwise(self._events)]
 
 
+# torch.cuda.Stream hands out streams round robin from a pool of 32 per priority, so two calls can return the
+# same CUDA stream. A stream another thread queues on (a layer copy, the target pass) must never be the one the
+# main thread captures a CUDA graph on: that thread's work would join the capture (cudaErrorStreamCaptureIsolation,
+# seen on an H200). So threads other than the main one use priority-0 streams, the main thread's side streams
+# (the draft's, graph captures) come from the priority -1 pool, and `main_thread_stream` checks it.
+WORKER_PRIORITY = 0
+MAIN_PRIORITY = -1  # lower is sooner; CUDA maps it into the device's range
+_worker_streams: set[int] = set()  # cuda_stream handles of every worker stream made so far
+
+
+def worker_stream(device: torch.device) -> torch.cuda.Stream:
+    """A stream for a thread other than the main one (CUDA-only)."""
+    stream = torch.cuda.Stream(device, priority=WORKER_PRIORITY)
+    _worker_streams.add(stream.cuda_stream)
+    return stream
+
+
+def main_thread_stream(device: torch.device) -> torch.cuda.Stream:
+    """A stream only the main thread queues on, never one a worker stream shares (CUDA-only)."""
+    stream = torch.cuda.Stream(device, priority=MAIN_PRIORITY)
+    if stream.cuda_stream in _worker_streams:  # the pools are per priority: only if CUDA mapped both to one level
+        raise RuntimeError("no CUDA stream priority level left for the main thread's streams")
+    return stream
+
+
 class PassStreams:
     """Where an overlapped step's work runs (CUDA): the target pass on a stream of its own, the draft's
     extensions on a higher-priority stream beside it, both ordered after what the current (main)
@@ -73,14 +98,12 @@ class PassStreams:
     allocator can hand their blocks out again); the pass's outputs are marked used by the main stream
     (`hand_over`)."""
 
-    DRAFT_PRIORITY = -1  # lower is sooner; CUDA maps it into the device's range
-
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
         if self.cuda:  # CUDA-only
-            self.target = torch.cuda.Stream(device)
-            self.draft = torch.cuda.Stream(device, priority=self.DRAFT_PRIORITY)
+            self.target = worker_stream(device)
+            self.draft = main_thread_stream(device)  # higher priority
 
     def begin(self) -> None:
         """Order both streams after the work queued so far on the current stream."""
@@ -220,7 +243,7 @@ class CopyStreams:
         self.device = device
         self.cuda = device.type == "cuda"
         if self.cuda:  # CUDA-only
-            self.streams = [torch.cuda.Stream(device) for _ in range(num_slots)]
+            self.streams = [worker_stream(device) for _ in range(num_slots)]
             self.ready = [torch.cuda.Event() for _ in range(num_slots)]
             self.released = [torch.cuda.Event() for _ in range(num_slots)]
 

@@ -5,6 +5,8 @@ uncaptured; the `cuda` tests replay real graphs."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -13,6 +15,7 @@ from engine.config import EngineConfig, LimitsConfig, ModelConfig, OffloadConfig
 from engine.model import draft_graphs
 from engine.model.draft_graphs import KV_MIN, ROW_BUCKETS, DraftGraphs, graphable, kv_span, row_bucket
 from engine.model.runner import DecoderRunner, Segment
+from engine.offload.device import main_thread_stream, worker_stream
 from engine.runtime import Engine
 from engine.types import Request, SamplingParams
 from tests.helpers.family_configs import FAMILIES
@@ -214,6 +217,45 @@ def test_captured_graphs_replay_the_eager_pass_for_new_inputs() -> None:
             for a, b in zip(eager, static, strict=True):
                 torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)
         assert len(graphs.passes) == 1 and next(iter(graphs.passes.values())).graph is not None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captures_beside_a_thread_queueing_cross_stream_copies() -> None:
+    """An overlapped step captures new shapes while the layer loader's thread queues copies that wait on
+    the pass's stream. More worker streams than torch's pool holds, so a capture on any priority-0 stream
+    would share one with the thread (its copies would join the capture: cudaErrorStreamCaptureIsolation)."""
+    device = torch.device("cuda")
+    workers = [worker_stream(device) for _ in range(40)]  # the pool has 32 a priority: every one is a worker's
+    assert all(main_thread_stream(device).cuda_stream not in {w.cuda_stream for w in workers} for _ in range(40))
+    src, dst = torch.randn(1 << 20).pin_memory(), torch.empty(1 << 20, device=device)
+    events, stop, errors = [torch.cuda.Event() for _ in workers], threading.Event(), []
+
+    def copy_loop() -> None:  # what ring.py's loader does: wait for a release on another stream, copy, record
+        try:
+            while not stop.is_set():
+                for i, stream in enumerate(workers):
+                    stream.wait_event(events[i - 1])
+                    with torch.cuda.stream(stream):
+                        dst.copy_(src, non_blocking=True)
+                    events[i].record(stream)
+        except Exception as exc:  # torch.AcceleratorError: the thread's work joined a capture
+            errors.append(exc)
+
+    runner = DecoderRunner(build_model("llama", 320, seed=3, layers=2).cuda())
+    thread = threading.Thread(target=copy_loop)
+    with torch.inference_mode():
+        graphs, block = DraftGraphs(runner, capture=True), prefilled(runner, 3)
+        thread.start()
+        try:
+            for sizes in ((5,), (5, 13), (5, 13, 2), (30,), (30, 40)):  # a new shape each: a capture each
+                group = [tree_segment(runner, c, n, 0, i == 0) for i, (c, n) in enumerate(zip(block, sizes))]
+                assert graphs.forward(group) is not None and not graphs.failed
+        finally:
+            stop.set()
+            thread.join()
+        torch.cuda.synchronize()
+    assert not errors and len(graphs.passes) == 5
 
 
 @pytest.mark.cuda
