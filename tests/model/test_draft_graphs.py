@@ -249,7 +249,7 @@ def test_captures_beside_a_thread_queueing_cross_stream_copies() -> None:
         thread.start()
         try:
             for sizes in ((5,), (5, 13), (5, 13, 2), (30,), (30, 40)):  # a new shape each: a capture each
-                group = [tree_segment(runner, c, n, 0, i == 0) for i, (c, n) in enumerate(zip(block, sizes))]
+                group = [tree_segment(runner, c, n, 0, i == 0) for i, (c, n) in enumerate(zip(block, sizes, strict=False))]
                 assert graphs.forward(group) is not None and not graphs.failed
         finally:
             stop.set()
