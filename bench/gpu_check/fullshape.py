@@ -27,10 +27,10 @@ from bench.gpu_check.fullshape_report import (
     progress,
 )
 from bench.gpu_check.plan import DraftVariant
-from bench.gpu_check.probes import GB, peak_bytes, reset_peak
+from bench.gpu_check.probes import GB, allocator_state, peak_bytes, peak_reserved_bytes, reset_peak
 from engine.model import memory_plan
 from engine.runtime import Engine
-from engine.types import PassStats, Request, SamplingParams
+from engine.types import EngineFault, PassStats, Request, SamplingParams
 
 MAX_JOIN_STEPS = 200  # the joining prompt's first token within this many steps and seconds, or the table
 MAX_JOIN_SECONDS = 90.0  # says how far it got
@@ -79,7 +79,8 @@ def step_row(ctx: CheckContext, base: Engine, budget: int, overlap: bool, stream
     reset_peak(ctx.device)
     stats = run_steps(engine, requests, full.warmup_steps, full.measured_steps)
     planned = memory_plan.plan_memory(engine.memory_plan_inputs(budget)).total
-    return StepRow(budget, overlap, streams, stats, peak_bytes(ctx.device), planned, draft.name)
+    return StepRow(budget, overlap, streams, stats, peak_bytes(ctx.device), planned, draft.name,
+                   peak_reserved_bytes(ctx.device))
 
 
 def join_gaps(ctx: CheckContext, base: Engine) -> tuple[float, float, int, float, bool]:
@@ -166,6 +167,23 @@ def variant_rows(ctx: CheckContext, engine: Engine, draft: DraftVariant) -> list
     for budget in full.budgets:
         for overlap in (False, True):
             for streams in full.streams:
-                rows.append(step_row(ctx, engine, budget, overlap, streams, draft))
+                try:
+                    rows.append(step_row(ctx, engine, budget, overlap, streams, draft))
+                except EngineFault:  # the device is in doubt: the section ends
+                    raise
+                except RuntimeError as exc:  # a request failed (out of memory under the cap): reported, the next row runs
+                    failed_row(ctx, f"{draft.name}, budget {budget}, overlap {'on' if overlap else 'off'}, "
+                                    f"{streams} stream(s)", exc)
+                    continue
                 print(f"row: {progress(rows[-1])}", file=sys.stderr, flush=True)  # the log, not the report
     return rows
+
+
+def failed_row(ctx: CheckContext, label: str, exc: Exception) -> None:
+    """A row whose step failed: its error and the allocator's state, in the report and the log; flagged when
+    it ran out of memory (the plan accepted what allocation could not hold)."""
+    line = f"Row failed: {label}: {str(exc).splitlines()[0][:600]}; allocator: {allocator_state(ctx.device)}"
+    ctx.report.line(line)
+    print(f"row: {line}", file=sys.stderr, flush=True)
+    if "out of" in str(exc) and "memory" in str(exc):
+        ctx.report.flag(f"full shape {label}: out of memory under the cap the plan accepted")

@@ -32,6 +32,7 @@ class StepRow:
     peak: int | None
     planned: int
     draft: str = "graphs"  # how the draft ran (plan.DraftVariant's name)
+    reserved: int | None = None  # the caching allocator's peak reservation (CUDA)
 
     def median(self, field: str) -> float:
         return statistics.median(getattr(s, field) for s in self.stats)
@@ -57,7 +58,8 @@ def progress(r: StepRow) -> str:
     return (f"{r.draft}, budget {r.budget}, overlap {'on' if r.overlap else 'off'}, {r.streams} stream(s): draft "
             f"{ms(r.median('draft_seconds'))} ms, pass {ms(r.median('target_seconds'))} ms, step "
             f"{ms(r.median('step_seconds'))} ms, {r.median('extension_forwards'):.0f} forwards during the pass, "
-            f"{r.tokens_per_pass:.2f} tokens/pass, {r.tokens_per_second:.2f} tokens/s")
+            f"{r.tokens_per_pass:.2f} tokens/pass, {r.tokens_per_second:.2f} tokens/s, peak {gigabytes(r.peak)} "
+            f"allocated, {gigabytes(r.reserved)} reserved, plan {gigabytes(r.planned)}")
 
 
 def print_kernels(ctx: CheckContext, rows: list[KernelRow]) -> None:
@@ -109,8 +111,8 @@ def print_steps(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow]) -
                 f"steps after {full.warmup_steps}; the budget is shared by the streams in a pass. copy: every "
                 "streamed layer copied alone (the pass's floor).")
     report.table("budget", "overlap", "streams", "draft ms", "draft forwards before the pass", "ms per draft forward",
-                 "pass ms", "copy ms", "overlap ms", "draft forwards during the pass", "seeded trees", "step ms", "tokens/pass", "tokens/s", "peak memory", "plan",
-                 "peak within plan", "draft")
+                 "pass ms", "copy ms", "overlap ms", "draft forwards during the pass", "seeded trees", "step ms", "tokens/pass", "tokens/s", "peak memory", "peak reserved",
+                 "plan", "peak within plan", "draft")
     for r in rows:
         within = "n/a (CPU)" if r.peak is None else ("yes" if r.peak <= r.planned else "NO")
         if within == "NO":
@@ -121,7 +123,8 @@ def print_steps(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow]) -
                    per_forward, ms(r.median("target_seconds")), copy_ms, ms(r.median("overlap_seconds")),
                    f"{r.median('extension_forwards'):.0f}", f"{r.mean('seeded_trees'):.1f} / {r.streams}",
                    ms(r.median("step_seconds")), f"{r.tokens_per_pass:.2f}",
-                   f"{r.tokens_per_second:.2f}", gigabytes(r.peak), gigabytes(r.planned), within, r.draft)
+                   f"{r.tokens_per_second:.2f}", gigabytes(r.peak), gigabytes(r.reserved), gigabytes(r.planned), within,
+                   r.draft)
     by_key = {(r.budget, r.overlap, r.streams, r.draft): r for r in rows}
     report.table("budget", "streams", "draft", "overlap on / off (tokens/s)", "pass copy-bound", "goal")
     for (budget, overlap, streams, draft), on in by_key.items():

@@ -57,6 +57,23 @@ def peak_bytes(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if is_cuda(device) else None  # CUDA-only
 
 
+def peak_reserved_bytes(device: torch.device) -> int | None:
+    """What the caching allocator held at most (allocated, plus cached blocks it could not hand out)."""
+    return torch.cuda.max_memory_reserved(device) if is_cuda(device) else None  # CUDA-only
+
+
+def allocator_state(device: torch.device) -> str:
+    """The caching allocator now: allocated and reserved (peaks), and the free parts of segments in use
+    (fragmentation: reserved memory a new block of another size or stream may not fit in)."""
+    if not is_cuda(device):
+        return "n/a (CPU)"
+    stats = torch.cuda.memory_stats(device)  # CUDA-only
+    return (f"allocated {gigabytes(stats['allocated_bytes.all.current'])} (peak "
+            f"{gigabytes(stats['allocated_bytes.all.peak'])}), reserved {gigabytes(stats['reserved_bytes.all.current'])} "
+            f"(peak {gigabytes(stats['reserved_bytes.all.peak'])}), inactive split "
+            f"{gigabytes(stats['inactive_split_bytes.all.current'])}, segments {stats['segment.all.current']}")
+
+
 def allocated_bytes(device: torch.device) -> int | None:
     return torch.cuda.memory_allocated(device) if is_cuda(device) else None  # CUDA-only
 
