@@ -15,7 +15,6 @@ import signal
 import sys
 from types import FrameType
 
-from engine.allocator import prefer_expandable_segments
 from engine.cli import CliError, add_engine_arguments, apply_threads, engine_config_from_args, resolve_models
 from engine.generate_cli import add_generate_arguments
 from engine.types import CheckpointError, ConfigError, ContextLengthError, OffloadError
@@ -131,7 +130,6 @@ def quiet_optional_imports() -> None:
 def main(argv: list[str] | None = None) -> int:
     quiet_optional_imports()
     args = parse(sys.argv[1:] if argv is None else argv)
-    prefer_expandable_segments()  # before any command starts CUDA
     try:
         return int(args.func(args) or 0)
     except (CliError, ConfigError, CheckpointError, ContextLengthError, OffloadError) as exc:

@@ -13,7 +13,6 @@ import torch
 
 from bench.gpu_check.plan import FULL, TINY
 from bench.gpu_check.report import Report
-from engine.allocator import prefer_expandable_segments
 
 if TYPE_CHECKING:
     from bench.gpu_check.context import CheckContext
@@ -81,7 +80,6 @@ def run_section(ctx: CheckContext, name: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    prefer_expandable_segments()  # as `specexec` does, before CUDA starts
     names = selected_sections(args.sections)
     cuda = torch.cuda.is_available() and not args.allow_cpu
     if not cuda and not args.allow_cpu:
