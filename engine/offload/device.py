@@ -95,8 +95,11 @@ class PassStreams:
 
     Tensors crossing streams: the pass's inputs and the draft's are allocated on the main stream and
     kept alive by the caller until `join` (the main stream then waits for their readers before the
-    allocator can hand their blocks out again); the pass's outputs are marked used by the main stream
-    (`hand_over`)."""
+    allocator can hand their blocks out again); what the extensions allocate, their set-up included,
+    comes from the draft stream's pool (the set-up runs `on_draft` too, so nothing made on the main
+    stream is dropped while the draft stream may still read it); the pass's outputs and the extensions'
+    grown trees are marked used by the main stream (`hand_over`). Without that, the allocator may unmap
+    a freed block after waiting for its own stream only (expandable segments) while another still reads it."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -153,7 +156,8 @@ class PassStreams:
         if self.cuda:  # CUDA-only
             current = torch.cuda.current_stream(self.device)
             for tensor in tensors:
-                tensor.record_stream(current)
+                if tensor.is_cuda:  # a tree grown on the host (--host-trees) has no stream
+                    tensor.record_stream(current)
 
 
 PAGE = 4096  # bytes; direct (O_DIRECT) reads need block-aligned buffers, offsets and lengths

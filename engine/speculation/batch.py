@@ -185,9 +185,10 @@ def score_trees(
     else:
         assert streams is not None
         background: BackgroundPass | None = None
-        # set up before the pass is queued: the extensions' first host syncs wait for the draft alone
-        planned = extension_growths(items, trees, extendable, lambda: background is not None and background.done())
         streams.begin()
+        with streams.on_draft():  # set up before the pass is queued: the extensions' first host syncs wait for
+            # the draft alone; on the draft stream, as everything they allocate (PassStreams: tensors crossing streams)
+            planned = extension_growths(items, trees, extendable, lambda: background is not None and background.done())
         begin = time.perf_counter()
         try:
             background = BackgroundPass(lambda: target.forward_groups(groups), streams)
@@ -200,8 +201,9 @@ def score_trees(
                 outputs = background.result() if background is not None else []  # the pass ended, or raises
             finally:
                 streams.join()
-        streams.hand_over([part for group in outputs for part in group if part is not None])
         grown = [None if isinstance(outcome, Exception) else outcome for outcome in outcomes]  # only proposals
+        streams.hand_over([part for group in outputs for part in group if part is not None]
+                          + [t for tree in grown if tree is not None for t in tree.tensors()])
     tree_logits = iter(outputs[-1] if any(tree is not None for tree in trees) else [])
     return [next(tree_logits) if tree is not None else None for tree in trees], grown, extended
 

@@ -36,6 +36,13 @@ class SearchTree:
     def num_nodes(self) -> int:
         return self.token_ids.shape[0]
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the state holds (an extension's, made on the draft stream, is handed to the main
+        stream with PassStreams.hand_over)."""
+        fields = (self.token_ids, self.parents, self.depths, self.scores, self.paths, self.draft_slots, self.expanded,
+                  self.child_lp, self.child_ids)
+        return [t for t in fields if t is not None]
+
     @classmethod
     def of(cls, tree: Tree, max_depth: int) -> SearchTree:
         """The tree as a search state whose nodes may reach depth `max_depth` (D = max_depth + 1, or more if

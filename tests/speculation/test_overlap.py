@@ -301,3 +301,48 @@ def test_cuda_overlap_grows_the_draft_during_a_gpu_bound_pass(same_pair) -> None
     grown = [d.stats.extension_forwards for d in deltas if d.stats is not None]
     assert grown and min(grown[:-1]) >= 1, grown  # the last step may have too few tokens left to extend
     engine.close()
+
+
+def test_extensions_allocate_on_the_draft_stream_and_hand_their_trees_over(same_pair, monkeypatch) -> None:
+    """CUDA's contract, checked where it is stated (a CPU has no streams to race): an extension's set-up runs
+    on the draft stream, like its growth, so nothing it allocates comes from the main stream's pool while the
+    draft stream reads it; and every tensor of its grown trees is marked used by the main stream at hand-over
+    (else an allocator that waits for a block's own stream only, as expandable segments do, may unmap it)."""
+    from engine.speculation import batch
+
+    engine = load(same_pair, overlap=True, budget=32)
+    slow_target(engine, monkeypatch, seconds=0.05)
+    streams, on_draft, handed, set_up = engine.pass_streams, [False], [], []
+    enter = type(streams).on_draft
+
+    class Recording(type(streams)):  # type: ignore[misc]
+        def on_draft(self):
+            on_draft[0] = True
+            return enter(self)
+
+        def hand_over(self, tensors):
+            handed.extend(tensors)
+
+    streams.__class__ = Recording
+    plan = batch.extension_growths
+
+    def spy(*args):
+        set_up.append(on_draft[0])
+        return plan(*args)
+
+    monkeypatch.setattr(batch, "extension_growths", spy)
+    grown: list[SearchTree] = []
+    score = batch.score_trees
+
+    def scored(*args):
+        result = score(*args)
+        grown.extend(tree for tree in result[1] if tree is not None)
+        return result
+
+    monkeypatch.setattr(batch, "score_trees", scored)
+    deltas = list(engine.generate(Request("r", PROMPTS[2], greedy(LENGTHS[2]))))
+    assert deltas and set_up and all(set_up)
+    assert grown, "no extension grew"
+    handed_ids = {id(t) for t in handed}
+    assert all(id(t) in handed_ids for tree in grown for t in tree.tensors())
+    engine.close()
