@@ -12,12 +12,16 @@
 #                                        # trees, a fresh tree's forwards capped at 8 (bench/gpu_check/plan.py
 #                                        # FullShape.variants, in order of worth; --seconds: those the time left
 #                                        # cannot hold are not run, the tables print what ran; ~6-9 min)
+#   bash scripts/gpu-partb.sh 5 "$OUT"   # what run 4 (2026-11-28, H200) left: the cuda tests, the full shape's four
+#                                        # variants (a failed row is reported with the allocator's state and the
+#                                        # next runs), then the one row that failed (8x extensions, budget 1024,
+#                                        # 4 streams) with expandable segments and CUDA_LAUNCH_BLOCKING=1 (~9 min)
 # Stage 1 runs the full shape with the int4 dequantization compiled into one kernel per shape
 # (SPECEXEC_INT4_DEQUANT=compiled, the default where triton is installed); its kernel table compares it
 # with the eager one and tinygemm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage 1, 2, 3 or 4}
+stage=${1:?stage 1, 2, 3, 4 or 5}
 out=${2:-gpu-partb}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -55,8 +59,22 @@ case "$stage" in
         --work-dir /tmp/gpucheck --sections header,fullshape --seconds 315 > "$out/fullshape.log" 2>&1
     tail -n 3 "$out/fullshape.log"
     ;;
+  5)
+    git log --oneline -1 > "$out/commit.txt" 2>/dev/null
+    timeout 90 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m cuda -rs tests/model \
+        tests/offload tests/speculation/test_overlap.py tests/speculation/test_step_timing.py \
+        tests/speculation/test_host_trees.py tests/speculation/test_forest.py > "$out/cuda-tests.log" 2>&1
+    tail -3 "$out/cuda-tests.log"
+    SPECEXEC_INT4_DEQUANT=compiled timeout 345 bash scripts/gpu-check.sh --out "$out/fullshape.md" \
+        --work-dir /tmp/gpucheck --sections header,fullshape --seconds 330 > "$out/fullshape.log" 2>&1
+    tail -n 3 "$out/fullshape.log"
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True CUDA_LAUNCH_BLOCKING=1 SPECEXEC_INT4_DEQUANT=compiled \
+        timeout 130 bash scripts/gpu-check.sh --out "$out/expandable.md" --work-dir /tmp/gpucheck \
+        --sections fullshape --variants 1 --budgets 1024 --streams 4 > "$out/expandable.log" 2>&1
+    tail -n 3 "$out/expandable.log"
+    ;;
   *)
-    echo "stage must be 1, 2, 3 or 4" >&2
+    echo "stage must be 1, 2, 3, 4 or 5" >&2
     exit 2
     ;;
 esac

@@ -4,6 +4,7 @@ section failed and every streamed result equals the resident one (goals missed a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bench.gpu_check.plan import FULL, TINY
+from bench.gpu_check.plan import FULL, TINY, Plan
 from bench.gpu_check.report import Report
 
 if TYPE_CHECKING:
@@ -53,9 +54,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the run's time budget in seconds: the full-shape section runs its first draft variant, "
                              "then each next one only while the last one's time fits in what is left (the tables "
                              "print what ran)")
+    parser.add_argument("--variants", default=None, metavar="I,J",
+                        help="full shape: only these draft variants, by position in FullShape.variants from 0 (the "
+                             "first one given is the baseline the verdicts compare with)")
+    parser.add_argument("--budgets", default=None, metavar="B,B", help="full shape: only these budgets")
+    parser.add_argument("--streams", default=None, metavar="S,S", help="full shape: only these stream counts")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests: run on the CPU
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: tiny shapes
     return parser.parse_args(argv)
+
+
+def narrowed(plan: Plan, args: argparse.Namespace) -> Plan:
+    """The plan with the full shape's variants, budgets and streams cut to those asked for."""
+    def ints(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(",") if part)
+
+    full = plan.full
+    if args.variants is not None:
+        full = dataclasses.replace(full, variants=tuple(full.variants[i] for i in ints(args.variants)))
+    if args.budgets is not None:
+        full = dataclasses.replace(full, budgets=ints(args.budgets))
+    if args.streams is not None:
+        full = dataclasses.replace(full, streams=ints(args.streams))
+    return dataclasses.replace(plan, full=full)
 
 
 def selected_sections(text: str) -> list[str]:
@@ -101,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
     report = Report(args.out)
-    plan = TINY if args.tiny else FULL
+    plan = narrowed(TINY if args.tiny else FULL, args)
     deadline = None if args.seconds is None else report.begin + args.seconds
     ctx = CheckContext(plan, device, dtype, work_dir, report, deadline=deadline)
     report.line(f"# GPU check{' (tiny shapes, test mode)' if args.tiny else ''}")

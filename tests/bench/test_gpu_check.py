@@ -162,6 +162,32 @@ def test_a_run_short_of_time_skips_the_later_draft_variants_and_still_prints_eve
     assert table(text, "acceptance (tokens per pass)")[-1][0] == "autoregressive (same run)"
 
 
+def test_a_row_out_of_memory_is_reported_with_the_allocator_and_the_next_rows_run(tmp_path, capsys, monkeypatch):
+    """--variants/--budgets/--streams narrow the full shape; a row whose step runs out of memory is a failed row
+    (its error and the allocator's state, flagged: the plan accepted it) and the section goes on."""
+    from bench.gpu_check import fullshape
+
+    step_row = fullshape.step_row
+
+    def failing(ctx, base, budget, overlap, streams, draft):
+        if overlap and streams == 2:
+            raise RuntimeError("a request failed: out of device memory on cuda:0 during a step of 2 request(s)")
+        return step_row(ctx, base, budget, overlap, streams, draft)
+
+    monkeypatch.setattr(fullshape, "step_row", failing)
+    args = ["--allow-cpu", "--tiny", "--work-dir", str(tmp_path), "--sections", "fullshape", "--variants", "1",
+            "--budgets", "16", "--streams", "1,2"]
+    assert main(args) == 0
+    text, log = capsys.readouterr()
+    name = TINY.full.variants[1].name
+    steps = table(text, "budget", "overlap", "streams")
+    assert [(r[0], r[1], r[2], r[-1]) for r in steps] == [("16", "off", "1", name), ("16", "off", "2", name),
+                                                           ("16", "on", "1", name)]
+    assert f"Row failed: {name}, budget 16, overlap on, 2 stream(s): a request failed: out of device memory" in text
+    assert "allocator: n/a (CPU)" in text and "out of memory under the cap the plan accepted" in text
+    assert sum(line.startswith("row: ") for line in log.splitlines()) == 4
+
+
 def test_the_built_weights_are_non_zero_and_differ_between_layers(tmp_path):
     checkpoints = build_checkpoints(TINY, tmp_path, torch.device("cpu"), torch.float32)
     with safe_open(checkpoints.target / "model.safetensors", "pt") as f:
