@@ -187,12 +187,11 @@ class StaticPass:
                     hidden = runner._run_layer(layer, idx, hidden, self.group)
         return hidden
 
-    def capture(self, pool: tuple[int, int]) -> None:
-        """Warm up, then capture `run`, on a stream of this pass's own: ordered after the current stream's
+    def capture(self, pool: tuple[int, int], side: torch.cuda.Stream) -> None:
+        """Warm up, then capture `run`, on the graphs' capture stream `side`: ordered after the current stream's
         work and before what it queues next, and without torch.cuda.graph's device-wide synchronize (a
         target pass may be running on another stream: thread_local lets its thread go on while this captures)."""
         current = torch.cuda.current_stream(self.runner.device)
-        side = main_thread_stream(self.runner.device)  # never a stream the loader or the pass's thread queues on
         side.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(side):
@@ -220,6 +219,10 @@ class DraftGraphs:
         self.layout = layout or attention_layout()
         self.passes: dict[StaticShape, StaticPass] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        # one capture stream for every pass, as torch.cuda.graph keeps one: cuBLAS keeps a workspace per (handle,
+        # stream) for the process's life, so a stream per capture (up to the pool's 32) holds as many; never a
+        # stream the loader or the pass's thread queues on (main_thread_stream)
+        self.stream = main_thread_stream(runner.device) if capture else None
         self.failed = False  # a capture failed: every pass eager from then on
         self.mask_bytes = 0  # the passes' mask buffers together (MASK_BYTES at most)
 
@@ -238,7 +241,7 @@ class DraftGraphs:
             return static.logits(group, static.run())
         if static.graph is None:
             try:
-                static.capture(self.pool)
+                static.capture(self.pool, self.stream)
             except RuntimeError as exc:  # e.g. a layer that syncs with the host (data-dependent shapes)
                 self.failed = True
                 self.forget()
