@@ -56,7 +56,7 @@ def ms(seconds: float) -> str:
 def progress(r: StepRow) -> str:
     """One step row as a log line (the tables print once every variant ran)."""
     return (f"{r.draft}, budget {r.budget}, overlap {'on' if r.overlap else 'off'}, {r.streams} stream(s): draft "
-            f"{ms(r.median('draft_seconds'))} ms, pass {ms(r.median('target_seconds'))} ms, step "
+            f"{ms(r.median('draft_seconds'))} ms ({r.median('draft_forwards'):.0f} forwards), pass {ms(r.median('target_seconds'))} ms, step "
             f"{ms(r.median('step_seconds'))} ms, {r.median('extension_forwards'):.0f} forwards during the pass, "
             f"{r.tokens_per_pass:.2f} tokens/pass, {r.tokens_per_second:.2f} tokens/s, peak {gigabytes(r.peak)} "
             f"allocated, {gigabytes(r.reserved)} reserved, plan {gigabytes(r.planned)}")
