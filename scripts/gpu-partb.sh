@@ -13,7 +13,8 @@
 #                                        # FullShape.variants, in order of worth; --seconds: those the time left
 #                                        # cannot hold are not run, the tables print what ran; ~6-9 min)
 #   bash scripts/gpu-partb.sh 5 "$OUT"   # what run 4 (2026-11-28, H200) left: the cuda tests, the full shape's four
-#                                        # variants (a failed row is reported with the allocator's state and the
+#                                        # variants after a warm-up (graphs; fresh 8; 8x extension; 8x with host
+#                                        # trees; a failed row is reported with the allocator's state and the
 #                                        # next runs), then the one row that failed (8x extensions, budget 1024,
 #                                        # 4 streams) with expandable segments and CUDA_LAUNCH_BLOCKING=1 (~9 min)
 # Stage 1 runs the full shape with the int4 dequantization compiled into one kernel per shape
@@ -70,7 +71,7 @@ case "$stage" in
     tail -n 3 "$out/fullshape.log"
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True CUDA_LAUNCH_BLOCKING=1 SPECEXEC_INT4_DEQUANT=compiled \
         timeout 130 bash scripts/gpu-check.sh --out "$out/expandable.md" --work-dir /tmp/gpucheck \
-        --sections fullshape --variants 1 --budgets 1024 --streams 4 > "$out/expandable.log" 2>&1
+        --sections fullshape --variants 2 --budgets 1024 --streams 4 > "$out/expandable.log" 2>&1
     tail -n 3 "$out/expandable.log"
     ;;
   *)
