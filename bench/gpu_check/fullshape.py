@@ -27,7 +27,14 @@ from bench.gpu_check.fullshape_report import (
     progress,
 )
 from bench.gpu_check.plan import DraftVariant
-from bench.gpu_check.probes import GB, allocator_state, peak_bytes, peak_reserved_bytes, reset_peak
+from bench.gpu_check.probes import (
+    GB,
+    allocator_by_stream,
+    allocator_state,
+    peak_bytes,
+    peak_reserved_bytes,
+    reset_peak,
+)
 from engine.model import memory_plan
 from engine.runtime import Engine
 from engine.types import EngineFault, PassStats, Request, SamplingParams
@@ -202,14 +209,16 @@ def variant_rows(ctx: CheckContext, engine: Engine, draft: DraftVariant) -> list
                     failed_row(ctx, f"{draft.name}, budget {budget}, overlap {'on' if overlap else 'off'}, "
                                     f"{streams} stream(s)", exc)
                     continue
-                print(f"row: {progress(rows[-1])}", file=sys.stderr, flush=True)  # the log, not the report
+                print(f"row: {progress(rows[-1])}; by stream (reserved / allocated): "
+                      f"{allocator_by_stream(ctx.device)}", file=sys.stderr, flush=True)  # the log, not the report
     return rows
 
 
 def failed_row(ctx: CheckContext, label: str, exc: Exception) -> None:
     """A row whose step failed: its error and the allocator's state, in the report and the log; flagged when
     it ran out of memory (the plan accepted what allocation could not hold)."""
-    line = f"Row failed: {label}: {str(exc).splitlines()[0][:600]}; allocator: {allocator_state(ctx.device)}"
+    line = (f"Row failed: {label}: {str(exc).splitlines()[0][:600]}; allocator: {allocator_state(ctx.device)}; "
+            f"by stream (reserved / allocated): {allocator_by_stream(ctx.device)}")
     ctx.report.line(line)
     print(f"row: {line}", file=sys.stderr, flush=True)
     if "out of" in str(exc) and "memory" in str(exc):

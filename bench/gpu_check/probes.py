@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from engine.model.runner import DecoderRunner
-from engine.offload.device import synchronize
+from engine.offload.device import stream_role, synchronize
 
 GB = 1e9
 CALIBRATION_CYCLES = 50_000_000  # torch.cuda._sleep cycles timed to convert seconds into cycles
@@ -72,6 +72,23 @@ def allocator_state(device: torch.device) -> str:
             f"{gigabytes(stats['allocated_bytes.all.peak'])}), reserved {gigabytes(stats['reserved_bytes.all.current'])} "
             f"(peak {gigabytes(stats['reserved_bytes.all.peak'])}), inactive split "
             f"{gigabytes(stats['inactive_split_bytes.all.current'])}, segments {stats['segment.all.current']}")
+
+
+def allocator_by_stream(device: torch.device) -> str:
+    """The caching allocator's segments by the stream they were made for (each stream caches its own blocks)
+    and by pool (CUDA graphs' private pools apart): reserved / allocated."""
+    if not is_cuda(device):
+        return "n/a (CPU)"
+    totals: dict[str, list[int]] = {}
+    for segment in torch.cuda.memory_snapshot():  # CUDA-only
+        if segment["device"] != (device.index or 0):
+            continue
+        private = segment.get("segment_pool_id", (0, 0)) != (0, 0)
+        role = "graph private pools" if private else stream_role(segment["stream"])
+        entry = totals.setdefault(role, [0, 0])
+        entry[0] += segment["total_size"]
+        entry[1] += segment["allocated_size"]
+    return ", ".join(f"{role} {gigabytes(r)} / {gigabytes(a)}" for role, (r, a) in sorted(totals.items()))
 
 
 def allocated_bytes(device: torch.device) -> int | None:

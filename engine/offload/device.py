@@ -69,6 +69,7 @@ class PhaseClock:
 WORKER_PRIORITY = 0
 MAIN_PRIORITY = -1  # lower is sooner; CUDA maps it into the device's range
 _worker_streams: set[int] = set()  # cuda_stream handles of every worker stream made so far
+_main_thread_streams: set[int] = set()  # and of every main-thread side stream
 
 
 def worker_stream(device: torch.device) -> torch.cuda.Stream:
@@ -83,7 +84,17 @@ def main_thread_stream(device: torch.device) -> torch.cuda.Stream:
     stream = torch.cuda.Stream(device, priority=MAIN_PRIORITY)
     if stream.cuda_stream in _worker_streams:  # the pools are per priority: only if CUDA mapped both to one level
         raise RuntimeError("no CUDA stream priority level left for the main thread's streams")
+    _main_thread_streams.add(stream.cuda_stream)
     return stream
+
+
+def stream_role(handle: int) -> str:
+    """What a cuda_stream handle is used for (benchmarks' memory by stream): the default stream (the main
+    thread's own work), a worker stream (the target pass, layer copies) or a main-thread side stream (the
+    draft's, graph captures); "other" for streams made elsewhere."""
+    if handle == 0:
+        return "default"
+    return "worker" if handle in _worker_streams else "main-thread side" if handle in _main_thread_streams else "other"
 
 
 class PassStreams:

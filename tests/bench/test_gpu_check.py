@@ -286,3 +286,26 @@ def test_host_syncs_are_attributed_to_the_thread_and_the_pass_that_made_them():
         runner.forward_groups([])  # a pass in the engine thread (overlap off)
     assert [(s.thread, s.in_pass) for s in caught] == [("target-pass", True), ("MainThread", False),
                                                         ("MainThread", True)]
+
+
+def test_the_allocator_by_stream_sums_segments_by_role_and_keeps_graph_pools_apart(monkeypatch):
+    """allocator_by_stream on a made-up snapshot (no CUDA here): segments summed by the stream they were made for
+    (device.stream_role), a CUDA graph's private pool apart, other devices left out."""
+    from bench.gpu_check import probes
+    from engine.offload import device as streams
+
+    monkeypatch.setattr(streams, "_worker_streams", {11})
+    monkeypatch.setattr(streams, "_main_thread_streams", {22})
+    gb = 10**9
+    segments = [
+        {"device": 0, "stream": 0, "segment_pool_id": (0, 0), "total_size": 4 * gb, "allocated_size": 3 * gb},
+        {"device": 0, "stream": 11, "segment_pool_id": (0, 0), "total_size": 2 * gb, "allocated_size": gb},
+        {"device": 0, "stream": 11, "segment_pool_id": (0, 0), "total_size": gb, "allocated_size": 0},
+        {"device": 0, "stream": 22, "segment_pool_id": (0, 0), "total_size": gb, "allocated_size": gb // 2},
+        {"device": 0, "stream": 22, "segment_pool_id": (1, 0), "total_size": gb, "allocated_size": gb},
+        {"device": 1, "stream": 0, "segment_pool_id": (0, 0), "total_size": 9 * gb, "allocated_size": 9 * gb},
+    ]
+    monkeypatch.setattr(probes.torch.cuda, "memory_snapshot", lambda: segments)
+    text = probes.allocator_by_stream(torch.device("cuda", 0))
+    assert text == ("default 4.00 GB / 3.00 GB, graph private pools 1.00 GB / 1.00 GB, "
+                    "main-thread side 1.00 GB / 0.50 GB, worker 3.00 GB / 1.00 GB")
