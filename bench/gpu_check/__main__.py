@@ -59,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "first one given is the baseline the verdicts compare with)")
     parser.add_argument("--budgets", default=None, metavar="B,B", help="full shape: only these budgets")
     parser.add_argument("--streams", default=None, metavar="S,S", help="full shape: only these stream counts")
+    parser.add_argument("--steps-only", action="store_true",
+                        help="full shape: only the step rows (no kernel, pass, join or users tables)")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests: run on the CPU
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: tiny shapes
     return parser.parse_args(argv)
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(args.out)
     plan = narrowed(TINY if args.tiny else FULL, args)
     deadline = None if args.seconds is None else report.begin + args.seconds
-    ctx = CheckContext(plan, device, dtype, work_dir, report, deadline=deadline)
+    ctx = CheckContext(plan, device, dtype, work_dir, report, deadline=deadline, steps_only=args.steps_only)
     report.line(f"# GPU check{' (tiny shapes, test mode)' if args.tiny else ''}")
     for name in names:
         run_section(ctx, name)

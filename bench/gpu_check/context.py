@@ -33,6 +33,7 @@ class CheckContext:
     checkpoints: Checkpoints | None = None
     facts: dict[str, float] = field(default_factory=dict)  # figures later sections reuse (copy bandwidth)
     deadline: float | None = None  # time.perf_counter() by which the run should end (--seconds); None: no limit
+    steps_only: bool = False  # full shape: only the warm-up and the step rows (--steps-only)
 
     def time_left(self) -> float:
         """Seconds until the deadline (inf without one)."""

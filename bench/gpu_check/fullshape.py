@@ -122,8 +122,8 @@ def fullshape_section(ctx: CheckContext) -> None:
         total = torch.cuda.mem_get_info(device)[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, full.memory_cap_gb * GB / total), device.index or 0)
     try:
-        kernels = kernel_rows(full, device, ctx.dtype)
-        print_kernels(ctx, kernels)
+        if not ctx.steps_only:
+            print_kernels(ctx, kernel_rows(full, device, ctx.dtype))
         begin = time.perf_counter()
         engine = build_engine(full, device, ctx.dtype, ctx.plan.seed)
         report.line(f"Built and planned in {time.perf_counter() - begin:.1f} s: {full.num_layers} int4 layers "
@@ -147,14 +147,16 @@ def streamed_gb(engine: Engine) -> float:
 
 def run_sections(ctx: CheckContext, engine: Engine) -> None:
     full = ctx.plan.full
-    tree_sizes = sorted({1, *(budget + 1 for budget in full.budgets)})
-    passes = pass_rows(engine.pair.target, full, ctx.device, tree_sizes)
-    print_passes(ctx, passes)
+    passes: list = []
+    if not ctx.steps_only:
+        passes = pass_rows(engine.pair.target, full, ctx.device, sorted({1, *(budget + 1 for budget in full.budgets)}))
+        print_passes(ctx, passes)
     warm_graphs(ctx, engine)
     begin = time.perf_counter()
     rows = variant_rows(ctx, engine, full.variants[0])
     last_seconds = time.perf_counter() - begin
-    join = join_gaps(ctx, engine)  # measured after the baseline's rows: a run short of time still has it
+    # measured after the baseline's rows: a run short of time still has it
+    join = None if ctx.steps_only else join_gaps(ctx, engine)
     for index, draft in enumerate(full.variants[1:], start=1):
         if ctx.time_left() < last_seconds * VARIANT_MARGIN:
             skipped = ", ".join(v.name for v in full.variants[index:])
@@ -165,8 +167,9 @@ def run_sections(ctx: CheckContext, engine: Engine) -> None:
         rows += variant_rows(ctx, engine, draft)
         last_seconds = time.perf_counter() - begin
     print_steps(ctx, rows, passes)
-    print_join(ctx, *join)
-    print_users(ctx, rows, passes, streamed_gb(engine) * GB)
+    if join is not None:
+        print_join(ctx, *join)
+        print_users(ctx, rows, passes, streamed_gb(engine) * GB)
 
 
 def warm_graphs(ctx: CheckContext, engine: Engine) -> None:

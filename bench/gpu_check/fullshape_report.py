@@ -133,9 +133,11 @@ def print_steps(ctx: CheckContext, rows: list[StepRow], passes: list[PassRow]) -
             continue
         gain, bound = on.tokens_per_second / off.tokens_per_second, copy_bound(passes, budget + 1)
         goal = f">= {OVERLAP_GOAL} {'ok' if gain >= OVERLAP_GOAL else 'MISS'}" if bound else "- (compute-bound)"
+        if not passes:  # --steps-only: no pass table to tell
+            goal = "- (passes not measured)"
         if bound and gain < OVERLAP_GOAL and cuda:
             report.flag(f"overlap at budget {budget}, {streams} stream(s), draft {draft}: {gain:.2f}x")
-        report.row(budget, streams, draft, f"{gain:.2f}x", "yes" if bound else "no", goal)
+        report.row(budget, streams, draft, f"{gain:.2f}x", ("yes" if bound else "no") if passes else "-", goal)
     most = max(full.streams)
     report.table("budget", "overlap", "draft", f"{most} streams / 1 stream (tokens/s)", "goal")
     for (budget, overlap, streams, draft), many in by_key.items():

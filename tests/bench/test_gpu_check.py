@@ -309,3 +309,18 @@ def test_the_allocator_by_stream_sums_segments_by_role_and_keeps_graph_pools_apa
     text = probes.allocator_by_stream(torch.device("cuda", 0))
     assert text == ("default 4.00 GB / 3.00 GB, graph private pools 1.00 GB / 1.00 GB, "
                     "main-thread side 1.00 GB / 0.50 GB, worker 3.00 GB / 1.00 GB")
+
+
+def test_steps_only_measures_the_step_rows_alone(tmp_path, capsys):
+    """--steps-only (the next run's diagnosis of one row): the warm-up and the step rows, no kernel, pass, join or
+    users table."""
+    args = ["--allow-cpu", "--tiny", "--work-dir", str(tmp_path), "--sections", "fullshape", "--variants", "0",
+            "--budgets", "16", "--streams", "2", "--steps-only"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert [(r[0], r[1], r[2]) for r in table(text, "budget", "overlap", "streams")] == [("16", "off", "2"),
+                                                                                        ("16", "on", "2")]
+    assert "Warm-up before the rows" in text
+    for header in ("| rows per call |", "| tokens | compute ms |", "| median step before ms |",
+                   "| acceptance (tokens per pass) |"):
+        assert header not in text, header
