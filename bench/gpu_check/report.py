@@ -3,6 +3,7 @@ so a run cut short still leaves everything measured so far."""
 
 from __future__ import annotations
 
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -80,6 +81,8 @@ class Report:
         self.line(f"_{title}: {time.perf_counter() - begin:.1f} s_")
 
     def fail(self, title: str, exc: BaseException) -> None:
+        """A FAILED row in the report; the whole traceback, chained causes included, to stderr (the log)."""
+        traceback.print_exception(exc, file=sys.stderr)
         if not self.in_table:
             self.table("check", "result")
         self.row("FAILED", error_text(exc))
