@@ -35,9 +35,9 @@ from bench.gpu_check.probes import (
     peak_reserved_bytes,
     reset_peak,
 )
-from engine.model import memory_plan
+from engine.model import faults, memory_plan
 from engine.runtime import Engine
-from engine.types import EngineFault, PassStats, Request, SamplingParams
+from engine.types import EngineFault, OutOfMemory, PassStats, Request, SamplingParams
 
 MAX_JOIN_STEPS = 200  # the joining prompt's first token within this many steps and seconds, or the table
 MAX_JOIN_SECONDS = 90.0  # says how far it got
@@ -64,7 +64,8 @@ def run_steps(engine: Engine, requests: list[Request], warmup: int, measured: in
         for step in range(warmup + measured):
             output = engine.step()
             if output.failures:
-                raise RuntimeError(f"a request failed: {output.failures[0][1]}")
+                failure = output.failures[0][1]
+                raise RuntimeError(f"a request failed: {failure}") from failure
             for delta in output.deltas if tokens is not None else ():
                 tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
             if step >= warmup and output.stats is not None:
@@ -224,5 +225,5 @@ def failed_row(ctx: CheckContext, label: str, exc: Exception) -> None:
             f"by stream (reserved / allocated): {allocator_by_stream(ctx.device)}")
     ctx.report.line(line)
     print(f"row: {line}", file=sys.stderr, flush=True)
-    if "out of" in str(exc) and "memory" in str(exc):
+    if isinstance(exc.__cause__, OutOfMemory) or faults.is_out_of_memory(exc):
         ctx.report.flag(f"full shape {label}: out of memory under the cap the plan accepted")

@@ -166,12 +166,14 @@ def test_a_row_out_of_memory_is_reported_with_the_allocator_and_the_next_rows_ru
     """--variants/--budgets/--streams narrow the full shape; a row whose step runs out of memory is a failed row
     (its error and the allocator's state, flagged: the plan accepted it) and the section goes on."""
     from bench.gpu_check import fullshape
+    from engine.types import OutOfMemory
 
     step_row = fullshape.step_row
 
     def failing(ctx, base, budget, overlap, streams, draft):
         if overlap and streams == 2:
-            raise RuntimeError("a request failed: out of device memory on cuda:0 during a step of 2 request(s)")
+            failure = OutOfMemory("out of device memory on cuda:0 during a step of 2 request(s)")
+            raise RuntimeError(f"a request failed: {failure}") from failure  # as run_steps raises it
         return step_row(ctx, base, budget, overlap, streams, draft)
 
     monkeypatch.setattr(fullshape, "step_row", failing)
