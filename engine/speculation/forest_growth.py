@@ -112,14 +112,14 @@ def grow_forest(requests: list[TreeRequest], spec: SpeculationConfig, seeded_for
 def extend_forest(requests: list[TreeRequest], trees: list[Tree], spec: SpeculationConfig,
                   stop: Callable[[], bool]) -> ForestSearch:
     """The step's scored trees grown on as one forest while their pass runs, as overlap.extension grows each
-    (its proposals offered again, then best-first within each request's limits, up to spec.max_depth draft
+    (its proposals offered again, then best-first within each request's limits, up to its limits.max_depth draft
     forwards, until `stop()` between forwards); each SearchTree counts its extension_forwards. Set up here,
     before the pass is queued (its host syncs wait for the draft alone); the growth runs as it is driven."""
     searches = [extension_start(request.drafter, tree, spec, request.limits)
                 for request, tree in zip(requests, trees, strict=True)]
     forest = forest_of(searches, requests, spec)
-    return counted(search(forest, requests, Bounds.of(requests, forest.scores.device), [spec.max_depth] * len(requests),
-                          spec, stop))
+    return counted(search(forest, requests, Bounds.of(requests, forest.scores.device),
+                          [request.limits.max_depth for request in requests], spec, stop))
 
 
 def counted(growth: Generator[list[Segment], list[torch.Tensor], tuple[Forest, list[int]]]) -> ForestSearch:

@@ -82,12 +82,13 @@ def extension(
     stop: Callable[[], bool],
 ) -> Search:
     """The step's SpecExec tree grown on, best-first, within `limits` (SpeculationConfig.extension_budget
-    nodes) and the draft cache's room, until `stop()` (the pass is done). Works on a copy: the scored
+    nodes, nodes to depth limits.max_depth and as many draft forwards) and the draft cache's room, until `stop()`
+    (the pass is done). Works on a copy: the scored
     tree is left as it is. Returns a SearchTree (its extension_forwards counted): it may hold many times the
     budget, so no ancestor matrix is built for it; its subtree under the step's outcome seeds the next tree."""
     expand = scored_expand(drafter, params, spec)
     return best_first_search(extension_start(drafter, tree, spec, limits), expand, spec, limits, drafter.room, mask,
-                             spec.max_depth, stop)
+                             limits.max_depth, stop)
 
 
 def extension_start(drafter: Drafter, tree: Tree, spec: SpeculationConfig, limits: GrowLimits) -> SearchTree:

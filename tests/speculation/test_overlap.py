@@ -149,6 +149,27 @@ def test_a_larger_extension_grows_more_during_the_pass_and_less_before_it(pair, 
     assert forwards[8][1] > forwards[2][1] and forwards[8][0] < forwards[2][0]
 
 
+@pytest.mark.parametrize("forest", [True, False])
+def test_an_extension_runs_as_many_forwards_as_its_own_depth_limit_allows(pair, references, monkeypatch,
+                                                                          forest) -> None:
+    """A long pass: an extension (nodes to twice --max-depth) may run up to that many draft forwards, not
+    --max-depth (a copy-bound pass leaves the draft idle once it stops); the output is the target's."""
+    engine = Engine.load(EngineConfig(
+        model=ModelConfig(target=pair[0], draft=pair[1]), limits=LimitsConfig(max_context=256),
+        speculation=SpeculationConfig(budget=8, max_depth=4, max_expand=1, overlap=True, extension_factor=8,
+                                      forest=forest)))
+    slow_target(engine, monkeypatch, seconds=0.3)
+    engine.add_request(Request("r", PROMPTS[2], greedy(LENGTHS[2])))
+    emitted, during = [], []
+    while engine.num_running:
+        output = engine.step()
+        emitted += [t for d in output.deltas for t in d.token_ids]
+        during.append(output.stats.extension_forwards)
+    engine.close()
+    assert emitted == references[2]
+    assert 4 < max(during) <= 8  # past --max-depth, within the extension's own depth limit
+
+
 def test_a_seeds_draft_kv_is_what_the_draft_computes_for_its_paths(same_pair, monkeypatch) -> None:
     """After adopt, each expanded node's draft KV (layer 0 keys) equals a plain causal forward of the
     prefix and the node's path through the draft."""
