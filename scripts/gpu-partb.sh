@@ -18,12 +18,15 @@
 #                                        # next runs), then the one row that failed (8x extensions, budget 1024,
 #                                        # 4 streams) with expandable segments and CUDA_LAUNCH_BLOCKING=1 (at most
 #                                        # 75 + 335 + 160 s: one call with timeout_s 600)
+#   bash scripts/gpu-partb.sh 6 "$OUT"   # after run 5: the step rows of graphs (2x extension) and 8x extensions
+#                                        # with extensions running up to twice --max-depth forwards (at most
+#                                        # 340 s: one call with timeout_s 360)
 # Stage 1 runs the full shape with the int4 dequantization compiled into one kernel per shape
 # (SPECEXEC_INT4_DEQUANT=compiled, the default where triton is installed); its kernel table compares it
 # with the eager one and tinygemm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage 1, 2, 3, 4 or 5}
+stage=${1:?stage 1, 2, 3, 4, 5 or 6}
 out=${2:-gpu-partb}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -75,8 +78,14 @@ case "$stage" in
         --sections fullshape --variants 2 --budgets 1024 --streams 4 --steps-only > "$out/expandable.log" 2>&1
     tail -n 3 "$out/expandable.log"
     ;;
+  6)
+    git log --oneline -1 > "$out/commit.txt" 2>/dev/null
+    SPECEXEC_INT4_DEQUANT=compiled timeout 340 bash scripts/gpu-check.sh --out "$out/steps.md" --work-dir /tmp/gpucheck \
+        --sections header,fullshape --variants 0,2 --steps-only --seconds 320 > "$out/steps.log" 2>&1
+    tail -n 3 "$out/steps.log"
+    ;;
   *)
-    echo "stage must be 1, 2, 3, 4 or 5" >&2
+    echo "stage must be 1, 2, 3, 4, 5 or 6" >&2
     exit 2
     ;;
 esac
