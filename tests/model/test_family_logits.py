@@ -88,8 +88,10 @@ def test_segments_in_one_pass_equal_each_alone(models, family):
         alone.append(runner.forward(seq, positions, runner.new_cache(32), 0, allowed))
         segments.append(Segment(seq, positions, runner.new_cache(32), 0, allowed))
     together = runner.forward_groups([segments])[0]
-    for got, want in zip(together, alone, strict=True):  # summation order of [1, rows] blocks: ~1e-6 of the scale
-        assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max())
+    # summation order of [1, rows] blocks (a hybrid's chunked delta rule over 22 rows or 9 and 13): 1e-6 to 3e-6
+    # of the scale measured; a state or mask shared between segments moves logits by the scale itself
+    for got, want in zip(together, alone, strict=True):
+        assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
 
 
 @pytest.mark.parametrize(("family", "dropped"), [("gpt_oss", "sinks"), ("gemma3", "final soft-capping")])
