@@ -58,8 +58,9 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                  "one forest (one set of small ops a draft forward for all); off: one growth per tree"),
     "--fresh-forwards": ("speculation", "fresh_forwards", int, "overlap: a tree without a seed runs at most this "
                          "many draft forwards before a pass whose other trees have seeds; 0 (default): no cap"),
-    "--extension-factor": ("speculation", "extension_factor", int, "overlap: a tree grows on during its pass "
-                           "to this many times the budget (its subtree seeds the next tree)"),
+    "--extension-factor": ("speculation", "extension_factor", str, "overlap: a tree grows on during its pass "
+                           "to this many times the budget (its subtree seeds the next tree); auto (default): 8, "
+                           "2 with a hybrid draft"),
     "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),
     "--resident-layers": ("offload", "resident_layers", int,
                           "target layers kept on the device (default: as many as --gpu-memory allows)"),
@@ -146,13 +147,13 @@ def apply_threads(config: EngineConfig) -> int:
     return threads
 
 
-def parse_budget(value: str) -> int | str:
+def parse_int_or_auto(flag: str, value: str) -> int | str:
     if value == "auto":
         return value
     try:
         return int(value)
     except ValueError:
-        raise ConfigError("--budget", f"must be an integer >= 1 or 'auto', got {value!r}") from None
+        raise ConfigError(flag, f"must be an integer >= 1 or 'auto', got {value!r}") from None
 
 
 def engine_config_from_args(args: argparse.Namespace, require_folders: bool = True) -> tuple[EngineConfig, dict]:
@@ -164,7 +165,8 @@ def engine_config_from_args(args: argparse.Namespace, require_folders: bool = Tr
     for flag, (section, field, _kind, _meaning) in ENGINE_FLAGS.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
-            overrides.setdefault(section, {})[field] = parse_budget(value) if field == "budget" else value
+            auto_or_int = field in ("budget", "extension_factor")
+            overrides.setdefault(section, {})[field] = parse_int_or_auto(flag, value) if auto_or_int else value
             flags.setdefault(section, {})[field] = flag
     if args.offload:
         overrides.setdefault("offload", {})["enabled"] = True

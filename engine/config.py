@@ -18,7 +18,12 @@ from typing import Literal
 from engine.types import ConfigError, SpeculationMethod
 
 Method = SpeculationMethod
-EXTENSION_FACTOR = 2  # overlap: a tree grows on during its pass to this many times its budget
+# overlap: a tree grows on during its pass to this many times its budget. speculation.extension_factor auto:
+# EXTENSION_FACTOR where that costs no device memory over SMALL_EXTENSION_FACTOR (an attention-only draft, whose
+# KV room does not depend on it, and trees large enough that a draft forward is bounded by --max-expand rows
+# either way: SpeculationConfig.extension_factor_for; docs/bench/gpu.md, runs 5 and 6), else the small one
+EXTENSION_FACTOR = 8
+SMALL_EXTENSION_FACTOR = 2
 OffloadSource = Literal["ram", "disk"]
 SELF_DRAFT = "self"  # model.draft: the target's own layers, 4-bit (engine.model.self_draft)
 
@@ -107,23 +112,36 @@ class SpeculationConfig:
     forest: bool = True
     # overlap: a tree grows on during its pass to this many times the step's budget (its extension; its subtree
     # under the step's outcome seeds the next tree): a larger extension leaves fewer draft forwards before the
-    # next pass (docs/bench/overlap.md, "Extension budget")
-    extension_factor: int = EXTENSION_FACTOR
+    # next pass (docs/bench/overlap.md, "Extension budget"). auto: EXTENSION_FACTOR where it costs no memory,
+    # else SMALL_EXTENSION_FACTOR (extension_factor_for)
+    extension_factor: int | Literal["auto"] = "auto"
     # overlap, several streams: in a step where other trees grow on from their seeds (a few forwards), a tree
     # without one (its full search) runs at most this many draft forwards after its catch-up before the pass,
     # so the others do not wait on it; it grows on during the pass. 0: no cap. Off until a GPU run measures
     # it (docs/bench/forest.md, "With overlap")
     fresh_forwards: int = 0
 
-    def resolved(self, device_type: str) -> SpeculationConfig:
-        """This config with overlap and draft_graphs 'auto' decided for a device of `device_type`."""
+    def resolved(self, device_type: str, hybrid_draft: bool = False, max_budget: int = 0,
+                 max_running: int = 1) -> SpeculationConfig:
+        """This config with overlap and draft_graphs 'auto' decided for a device of `device_type`, and
+        extension_factor 'auto' for the draft and trees of at most `max_budget` nodes (extension_factor_for)."""
         cuda = device_type == "cuda"
         return dataclasses.replace(self, overlap=cuda if self.overlap == "auto" else self.overlap,
-                                   draft_graphs=cuda if self.draft_graphs == "auto" else self.draft_graphs)
+                                   draft_graphs=cuda if self.draft_graphs == "auto" else self.draft_graphs,
+                                   extension_factor=self.extension_factor_for(hybrid_draft, max_budget, max_running))
+
+    def extension_factor_for(self, hybrid_draft: bool, max_budget: int, max_running: int) -> int:
+        """extension_factor, 'auto' decided: EXTENSION_FACTOR where it costs no memory over SMALL_EXTENSION_FACTOR
+        (memory_plan: a draft forward holds at most max_running x max_expand rows, or every running extension's
+        nodes; a hybrid draft keeps linear-attention rows for (factor + 1) trees), else SMALL_EXTENSION_FACTOR."""
+        if self.extension_factor != "auto":
+            return self.extension_factor
+        rows_bound = SMALL_EXTENSION_FACTOR * max_budget + max_running >= max_running * self.max_expand
+        return EXTENSION_FACTOR if rows_bound and not hybrid_draft else SMALL_EXTENSION_FACTOR
 
     def extension_budget(self, budget: int) -> int:
         """Nodes a tree may grow to during its pass (overlap): extension_factor x the step's budget; 0 off."""
-        assert self.overlap != "auto", "resolve overlap for the device first (SpeculationConfig.resolved)"
+        assert self.overlap != "auto" and self.extension_factor != "auto", "resolve first (SpeculationConfig.resolved)"
         return self.extension_factor * budget if self.overlap else 0
 
     def tree_method(self, greedy: bool, temperature: float, seeded: bool) -> Method:
@@ -164,8 +182,8 @@ class SpeculationConfig:
                 f"must be on, off or auto, got {self.draft_graphs!r}")
         require(self.host_trees in (True, False), "speculation.host_trees", f"must be on or off, got {self.host_trees!r}")
         require(self.forest in (True, False), "speculation.forest", f"must be on or off, got {self.forest!r}")
-        require(isinstance(self.extension_factor, int) and self.extension_factor >= 1, "speculation.extension_factor",
-                f"must be an integer >= 1, got {self.extension_factor!r}")
+        require(self.extension_factor == "auto" or (isinstance(self.extension_factor, int) and self.extension_factor >= 1),
+                "speculation.extension_factor", f"must be an integer >= 1 or 'auto', got {self.extension_factor!r}")
         require(isinstance(self.fresh_forwards, int) and self.fresh_forwards >= 0, "speculation.fresh_forwards",
                 f"must be an integer >= 0 (0: no cap), got {self.fresh_forwards!r}")
         require(

@@ -59,7 +59,11 @@ CALIBRATION_TEXT = "def main(argv):\n    for index, value in enumerate(argv):\n 
 class Engine:
     def __init__(self, pair: LoadedPair, config: EngineConfig):
         self.pair = pair
-        config = dataclasses.replace(config, speculation=config.speculation.resolved(pair.target.device.type))
+        spec = config.speculation
+        hybrid_draft = pair.draft is not None and any(pair.draft.linear_layers)
+        max_budget = spec.budget if isinstance(spec.budget, int) else BudgetTracker().max_budget
+        config = dataclasses.replace(config, speculation=spec.resolved(
+            pair.target.device.type, hybrid_draft, max_budget, config.limits.max_running))
         self.config = config
         self.tokenizer = pair.tokenizer
         self.eos_token_ids = pair.eos_token_ids

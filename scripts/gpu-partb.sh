@@ -18,9 +18,8 @@
 #                                        # next runs), then the one row that failed (8x extensions, budget 1024,
 #                                        # 4 streams) with expandable segments and CUDA_LAUNCH_BLOCKING=1 (at most
 #                                        # 75 + 335 + 160 s: one call with timeout_s 600)
-#   bash scripts/gpu-partb.sh 6 "$OUT"   # after run 5: the step rows of graphs (2x extension) and 8x extensions
-#                                        # with extensions running up to twice --max-depth forwards (at most
-#                                        # 340 s: one call with timeout_s 360)
+#   bash scripts/gpu-partb.sh 6 "$OUT"   # the step rows of the defaults (graphs, 8x extensions) and of 2x
+#                                        # extensions (at most 340 s: one call with timeout_s 360)
 # Stage 1 runs the full shape with the int4 dequantization compiled into one kernel per shape
 # (SPECEXEC_INT4_DEQUANT=compiled, the default where triton is installed); its kernel table compares it
 # with the eager one and tinygemm.

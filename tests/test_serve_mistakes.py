@@ -120,6 +120,9 @@ def test_a_port_in_use_is_said_before_loading(serve, pair) -> None:
 @pytest.mark.parametrize(("argv", "toml", "expected"), [
     (["--method", "fast"], "", "--method: must be one of 'specexec', 'specinfer', 'rrs' or 'autoregressive', got 'fast'"),
     (["--budget", "lots"], "", "--budget: must be an integer >= 1 or 'auto', got 'lots'"),
+    (["--extension-factor", "big"], "", "--extension-factor: must be an integer >= 1 or 'auto', got 'big'"),
+    ([], "[speculation]\nextension_factor = 0\n", "speculation.extension_factor: must be an integer >= 1 or 'auto', "
+                                                  "got 0"),
     (["--overlap", "maybe"], "", "--overlap: must be true or false or 'auto', got 'maybe'"),
     (["--device", "gpu"], "", "--device: must be auto, cpu or cuda[:N], got 'gpu'"),
     (["--port", "70000"], "", "--port: must be an integer in [0, 65535], got 70000"),

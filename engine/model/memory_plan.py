@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.config import EXTENSION_FACTOR
+from engine.config import SMALL_EXTENSION_FACTOR
 from engine.model import draft_graphs, layer_shapes
 from engine.model.linear_state import STATE_BYTES, LinearShape
 from engine.model.runner import DecoderRunner
@@ -69,7 +69,7 @@ class PlanInputs:
     kv_slots: int = 1  # target + draft KV cache pairs: running requests plus prefix cache
     dequant_scratch_bytes: int = 0  # GPTQ dequantize kernel: its largest matrix's temporaries per call
     draft_graphs: bool = False  # the draft's forwards on its static pass (engine.model.draft_graphs)
-    extension_factor: int = EXTENSION_FACTOR  # overlap: a tree's extension grows to this many times the budget
+    extension_factor: int = SMALL_EXTENSION_FACTOR  # overlap: a tree's extension grows to this many times the budget
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def cache_capacities(max_context: int, budget: int, max_depth: int, max_expand: 
 
 
 def pending_slots(max_context: int, budget: int, max_depth: int, max_expand: int,
-                  extension_factor: int = EXTENSION_FACTOR) -> tuple[int, int]:
+                  extension_factor: int = SMALL_EXTENSION_FACTOR) -> tuple[int, int]:
     """Uncommitted tokens a hybrid model's caches keep linear-attention rows for (target, draft): the
     target's tree (budget + 1 nodes); the draft's catch-up chain (max_depth + 1) and expanded nodes, up to
     (extension_factor + 1) trees' worth and never past its KV room. A draft whose ring is full grows no

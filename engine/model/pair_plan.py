@@ -125,9 +125,10 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
         loaded["draft weights"] = draft.total
     scratch = [(m, kernel) for m, kernel in ((target, target_kernel), (draft, draft_kernel)) if m and m.largest_matrix]
     budget = config.speculation.budget if isinstance(config.speculation.budget, int) else BudgetTracker().max_budget
+    draft_shape = config_shapes.shape_from_config(draft_cfg, dtype_bytes) if draft_cfg else None
     inputs = memory_plan.PlanInputs(
         target=config_shapes.shape_from_config(target_cfg, dtype_bytes),
-        draft=config_shapes.shape_from_config(draft_cfg, dtype_bytes) if draft_cfg else None,
+        draft=draft_shape,
         loaded=loaded,
         max_context=max_context_for(config.limits, target_cfg, config.model.target),
         budget=budget if needs_draft else 0,
@@ -141,7 +142,8 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
         kv_slots=config.limits.max_running,
         dequant_scratch_bytes=max((dequant_scratch(m, kernel) for m, kernel in scratch), default=0),
         draft_graphs=needs_draft and draft_graphed(config, draft_cfg, self_draft),
-        extension_factor=config.speculation.extension_factor,
+        extension_factor=config.speculation.extension_factor_for(bool(draft_shape and draft_shape.num_linear_layers),
+                                                                 budget, config.limits.max_running),
     )
     return size_slots(config, inputs, total_bytes - CUDA_CONTEXT_BYTES, num_resident, (target, draft),
                       (target_source, draft_source))

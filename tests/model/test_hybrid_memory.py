@@ -41,7 +41,7 @@ def test_the_plan_counts_what_a_hybrid_cache_allocates(family):
 def test_pending_rows_follow_the_trees_not_the_drafts_kv_room():
     target, draft = memory_plan.pending_slots(max_context=1000, budget=64, max_depth=32, max_expand=128)
     assert target == 65  # the target's tree
-    assert draft == 3 * 65 + 32 + 2  # catch-up and (1 + EXTENSION_FACTOR) trees of expanded nodes, < KV room
+    assert draft == 3 * 65 + 32 + 2  # catch-up and (1 + SMALL_EXTENSION_FACTOR) trees of expanded nodes, < KV room
 
 
 @pytest.fixture(scope="module")

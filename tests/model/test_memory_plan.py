@@ -278,3 +278,32 @@ def test_the_planned_graph_masks_bound_the_masks_a_run_makes(pair) -> None:
     gathered = 2 * inputs.max_running * capacity * draft.num_kv_heads * draft.head_dim * draft.dtype_bytes  # widest span
     planned = plan_memory(inputs).bytes_of("draft graphs (masks, gathered KV)")
     assert made <= planned - gathered
+
+
+def test_the_auto_extension_factor_is_the_large_one_exactly_where_the_plan_is_the_same() -> None:
+    """--extension-factor auto: 8 only where the memory plan with 8x extensions equals the plan with 2x (trees
+    large enough that a draft forward is --max-expand rows a tree either way), 2 elsewhere and with a hybrid
+    draft (its linear-attention rows grow with the factor); a number given is kept."""
+    spec = SpeculationConfig()
+    chosen = set()
+    for budget in (16, 64, 256, 1024):
+        for running in (1, 4, 8):
+            factor = spec.extension_factor_for(False, budget, running)
+            plans = [plan_memory(llama70b_inputs(LLAMA_1B, 2_470_000_000, budget=budget, max_running=running,
+                                                 kv_slots=running, extension_factor=f)).total for f in (2, 8)]
+            assert factor in (2, 8) and (factor == 8) == (plans[0] == plans[1]), (budget, running)
+            chosen.add(factor)
+    assert chosen == {2, 8}
+    assert spec.extension_factor_for(True, 1024, 1) == 2
+    assert SpeculationConfig(extension_factor=4).extension_factor_for(False, 16, 8) == 4
+
+
+def test_an_engine_resolves_the_extension_factor_for_its_budget(tmp_path) -> None:
+    target, draft = make_tiny_pair(tmp_path, arch="llama", draft="noisy", seed=3)
+    for budget, factor in ((256, 8), (16, 2)):
+        config = EngineConfig(model=ModelConfig(target=str(target), draft=str(draft)),
+                              speculation=SpeculationConfig(budget=budget, overlap=True),
+                              limits=LimitsConfig(max_context=512, max_running=2))
+        with Engine.load(config) as engine:
+            assert engine.config.speculation.extension_factor == factor
+            assert engine.config.speculation.extension_budget(budget) == factor * budget
