@@ -59,8 +59,8 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
     "--fresh-forwards": ("speculation", "fresh_forwards", int, "overlap: a tree without a seed runs at most this "
                          "many draft forwards before a pass whose other trees have seeds; 0 (default): no cap"),
     "--extension-factor": ("speculation", "extension_factor", str, "overlap: a tree grows on during its pass "
-                           "to this many times the budget (its subtree seeds the next tree); auto (default): 8, "
-                           "2 with a hybrid draft"),
+                           "to this many times the budget (its subtree seeds the next tree); auto (default): 8 where "
+                           "that costs no device memory over 2, else 2"),
     "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),
     "--resident-layers": ("offload", "resident_layers", int,
                           "target layers kept on the device (default: as many as --gpu-memory allows)"),
