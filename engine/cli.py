@@ -15,7 +15,8 @@ from engine.types import ConfigError
 DEFAULT_MODELS = Path(__file__).resolve().parents[1] / "models" / "default"
 DEFAULT_MODEL_NAME = "specexec-default"
 
-# flag -> (section, field, type, help); the help's default is read from the config dataclass
+# flag -> (section, field, type: a callable, "on_off" or "int_or_auto", help); the help's default is read from the
+# config dataclass
 ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
     "--target": ("model", "target", str, "target model: a local Hugging Face checkpoint folder or a Hub id (org/name: "
                  "from the hub cache, else downloaded) (default: the built-in pair)"),
@@ -37,7 +38,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                       "on CUDA a bf16 matrix once per call of many rows), dequantize (gptqmodel's torch kernel, "
                       "the whole matrix per call) or auto (int4 where it applies, unless the target streams from disk)"),
     "--method": ("speculation", "method", str, "specexec, specinfer, rrs or autoregressive (no draft)"),
-    "--budget": ("speculation", "budget", str, "draft tokens per tree, or auto (measured at startup and from traffic)"),
+    "--budget": ("speculation", "budget", "int_or_auto", "draft tokens per tree, or auto (measured at startup and from traffic)"),
     "--max-expand": ("speculation", "max_expand", int, "K: leaves expanded per draft forward"),
     "--max-children": ("speculation", "max_children", int, "w: children proposed per expanded node"),
     "--max-depth": ("speculation", "max_depth", int, "deepest tree node (= draft forwards per step)"),
@@ -58,7 +59,7 @@ ENGINE_FLAGS: dict[str, tuple[str, str, type | str, str]] = {
                  "one forest (one set of small ops a draft forward for all); off: one growth per tree"),
     "--fresh-forwards": ("speculation", "fresh_forwards", int, "overlap: a tree without a seed runs at most this "
                          "many draft forwards before a pass whose other trees have seeds; 0 (default): no cap"),
-    "--extension-factor": ("speculation", "extension_factor", str, "overlap: a tree grows on during its pass "
+    "--extension-factor": ("speculation", "extension_factor", "int_or_auto", "overlap: a tree grows on during its pass "
                            "to this many times the budget (its subtree seeds the next tree); auto (default): 8 where "
                            "that costs no device memory over 2, else 2"),
     "--offload-source": ("offload", "source", str, "where streamed layers come from: ram or disk (safetensors files)"),
@@ -115,7 +116,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (_section, _field, kind, _meaning) in ENGINE_FLAGS.items():
         choices = CHOICES.get(flag)  # shown, checked by the config (one error line naming the field)
         metavar = "{" + ",".join(choices) + "}" if choices else None
-        convert = on_off if kind == "on_off" else kind
+        convert = {"on_off": on_off, "int_or_auto": str}.get(kind, kind)  # int_or_auto: parsed after, naming the flag
         group.add_argument(flag, type=convert, default=None, metavar=metavar, help=flag_help(flag))
     group.add_argument("--offload", action="store_true", default=None,
                        help="stream the target's layers from RAM or disk (default off) [offload] enabled")
@@ -162,11 +163,10 @@ def engine_config_from_args(args: argparse.Namespace, require_folders: bool = Tr
     sections = read_config_file(args.config) if args.config else {}
     overrides: dict[str, dict] = {}
     flags: dict[str, dict[str, str]] = {}  # section -> field -> the flag that set it (errors name it)
-    for flag, (section, field, _kind, _meaning) in ENGINE_FLAGS.items():
+    for flag, (section, field, kind, _meaning) in ENGINE_FLAGS.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
-            auto_or_int = field in ("budget", "extension_factor")
-            overrides.setdefault(section, {})[field] = parse_int_or_auto(flag, value) if auto_or_int else value
+            overrides.setdefault(section, {})[field] = parse_int_or_auto(flag, value) if kind == "int_or_auto" else value
             flags.setdefault(section, {})[field] = flag
     if args.offload:
         overrides.setdefault("offload", {})["enabled"] = True

@@ -31,7 +31,7 @@ from engine.model.pair import LoadedPair, load_pair
 from engine.offload.device import PassStreams
 from engine.scheduler import Running, Scheduler
 from engine.speculation.batch import run_batch
-from engine.speculation.budget import BudgetTracker, budget_grid, calibration_budgets
+from engine.speculation.budget import BudgetTracker, budget_grid, calibration_budgets, largest_budget
 from engine.speculation.drafter import Drafter
 from engine.speculation.grammar import GrammarCache
 from engine.speculation.prediction import Prediction
@@ -61,9 +61,8 @@ class Engine:
         self.pair = pair
         spec = config.speculation
         hybrid_draft = pair.draft is not None and any(pair.draft.linear_layers)
-        max_budget = spec.budget if isinstance(spec.budget, int) else BudgetTracker().max_budget
         config = dataclasses.replace(config, speculation=spec.resolved(
-            pair.target.device.type, hybrid_draft, max_budget, config.limits.max_running))
+            pair.target.device.type, hybrid_draft, largest_budget(spec.budget), config.limits.max_running))
         self.config = config
         self.tokenizer = pair.tokenizer
         self.eos_token_ids = pair.eos_token_ids

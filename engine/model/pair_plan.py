@@ -20,7 +20,7 @@ from engine.config import SELF_DRAFT, EngineConfig
 from engine.model import config_shapes, gptq_int4, layer_shapes, memory, memory_plan, self_draft_plan
 from engine.model.pair import check_offload_source, max_context_for
 from engine.offload.build import plan_resident
-from engine.speculation.budget import BudgetTracker
+from engine.speculation.budget import largest_budget
 from engine.speculation.sampling import logits_workspace_bytes
 from engine.speculation.step import PREFILL_CHUNK
 from engine.types import ConfigError
@@ -124,7 +124,7 @@ def plan_pair(config: EngineConfig, total_bytes: int) -> PairPlan:
     if draft is not None:
         loaded["draft weights"] = draft.total
     scratch = [(m, kernel) for m, kernel in ((target, target_kernel), (draft, draft_kernel)) if m and m.largest_matrix]
-    budget = config.speculation.budget if isinstance(config.speculation.budget, int) else BudgetTracker().max_budget
+    budget = largest_budget(config.speculation.budget)
     draft_shape = config_shapes.shape_from_config(draft_cfg, dtype_bytes) if draft_cfg else None
     inputs = memory_plan.PlanInputs(
         target=config_shapes.shape_from_config(target_cfg, dtype_bytes),

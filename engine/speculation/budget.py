@@ -34,6 +34,12 @@ CALIBRATION_POINTS = 4  # fixed-size steps timed at load (after one warm-up step
 AcceptanceKey = float  # the request's temperature (0.0 = greedy); curves differ by sampling regime
 
 
+def largest_budget(budget: int | str) -> int:
+    """A fixed --budget, or with --budget auto the largest the tracker may choose (what caches and plans are
+    sized for)."""
+    return budget if isinstance(budget, int) else BudgetTracker().max_budget
+
+
 def budget_grid(max_budget: int = DEFAULT_MAX_BUDGET, min_budget: int = DEFAULT_MIN_BUDGET) -> list[int]:
     """Candidate budgets: powers of two and the 1.5x points between them, min..max (max included)."""
     grid: list[int] = []

@@ -82,9 +82,8 @@ def extension(
     stop: Callable[[], bool],
 ) -> Search:
     """The step's SpecExec tree grown on, best-first, within `limits` (SpeculationConfig.extension_budget
-    nodes, nodes to depth limits.max_depth and as many draft forwards) and the draft cache's room, until `stop()`
-    (the pass is done). Works on a copy: the scored
-    tree is left as it is. Returns a SearchTree (its extension_forwards counted): it may hold many times the
+    nodes, nodes to depth limits.max_depth and as many draft forwards) and the draft cache's room, until
+    `stop()` (the pass is done). Works on a copy: the scored tree is left as it is. Returns a SearchTree (its extension_forwards counted): it may hold many times the
     budget, so no ancestor matrix is built for it; its subtree under the step's outcome seeds the next tree."""
     expand = scored_expand(drafter, params, spec)
     return best_first_search(extension_start(drafter, tree, spec, limits), expand, spec, limits, drafter.room, mask,
